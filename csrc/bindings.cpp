@@ -1,0 +1,75 @@
+// The pybind11 module tokensampler._C: the SlotStateManager class and build facts. Importing
+// it also loads the operator library (csrc/ops, csrc/cuda) into torch.ops.tokensampler.
+#include <pybind11/stl.h>
+#include <torch/extension.h>
+
+#include "slot_state/slot_state_manager.h"
+
+namespace py = pybind11;
+using tokensampler::Route;
+using tokensampler::SlotParams;
+using tokensampler::SlotStateManager;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "tokensampler native module: slot-state manager and operator library";
+#ifdef TOKENSAMPLER_WITH_CUDA
+  m.attr("built_with_cuda") = true;
+#else
+  m.attr("built_with_cuda") = false;
+#endif
+
+  py::class_<SlotParams>(m, "SlotParams", "One request's sampling parameters, as stored per slot.")
+      .def(py::init([](float temperature, int32_t top_k, float top_p, float min_p,
+                       float repetition_penalty, float frequency_penalty, float presence_penalty,
+                       uint64_t seed, std::vector<std::pair<int64_t, float>> logit_bias) {
+             return SlotParams{temperature,       top_k,           top_p,
+                               min_p,             repetition_penalty, frequency_penalty,
+                               presence_penalty,  seed,            std::move(logit_bias)};
+           }),
+           py::arg("temperature") = 1.0f, py::arg("top_k") = -1, py::arg("top_p") = 1.0f,
+           py::arg("min_p") = 0.0f, py::arg("repetition_penalty") = 1.0f,
+           py::arg("frequency_penalty") = 0.0f, py::arg("presence_penalty") = 0.0f,
+           py::arg("seed") = 0, py::arg("logit_bias") = std::vector<std::pair<int64_t, float>>{})
+      .def_readonly("temperature", &SlotParams::temperature)
+      .def_readonly("top_k", &SlotParams::top_k)
+      .def_readonly("top_p", &SlotParams::top_p)
+      .def_readonly("min_p", &SlotParams::min_p)
+      .def_readonly("seed", &SlotParams::seed)
+      .def_readonly("logit_bias", &SlotParams::logit_bias);
+
+  py::enum_<Route>(m, "Route", "Sampling route of a step (which filters its rows use).")
+      .value("GENERIC", Route::kGeneric)
+      .value("NO_FILTER", Route::kNoFilter)
+      .value("TOP_K", Route::kTopK)
+      .value("TOP_P", Route::kTopP)
+      .value("TOP_K_TOP_P", Route::kTopKTopP)
+      .value("MIN_P", Route::kMinP)
+      .value("TOP_K_TOP_P_MIN_P", Route::kTopKTopPMinP);
+  m.def("route_name", &tokensampler::route_name);
+  m.def("select_route", &tokensampler::select_route, py::arg("params"), py::arg("vocab_size"),
+        py::arg("with_min_p"));
+
+  py::class_<SlotStateManager>(m, "SlotStateManager",
+                               "Per-slot sampling state: owners, flips, the device slot table.")
+      .def(py::init([](int64_t pool_rows, int64_t vocab_size, int64_t history_capacity,
+                       int64_t bias_capacity, bool with_min_p, const std::string& device) {
+             return std::make_unique<SlotStateManager>(pool_rows, vocab_size, history_capacity,
+                                                       bias_capacity, with_min_p,
+                                                       torch::Device(device));
+           }),
+           py::arg("pool_rows"), py::arg("vocab_size"), py::arg("history_capacity"),
+           py::arg("bias_capacity"), py::arg("with_min_p"), py::arg("device"))
+      .def("prepare_step", &SlotStateManager::prepare_step, py::arg("request_ids"),
+           py::arg("pool_indices"), py::arg("params"), py::arg("prompt_token_ids"),
+           "Validate, detect flips, upload flipped rows in one copy; returns the step's route.")
+      .def("reset_slot", &SlotStateManager::reset_slot, py::arg("slot"))
+      .def("owner", &SlotStateManager::owner, py::arg("slot"))
+      .def_property_readonly("table", &SlotStateManager::table)
+      .def_property_readonly("pool_rows", &SlotStateManager::pool_rows)
+      .def_property_readonly("vocab_size", &SlotStateManager::vocab_size)
+      .def_property_readonly("history_capacity",
+                             [](const SlotStateManager& s) { return s.layout().history_capacity; })
+      .def_property_readonly("bias_capacity",
+                             [](const SlotStateManager& s) { return s.layout().bias_capacity; })
+      .def_property_readonly("rows_written", &SlotStateManager::rows_written);
+}

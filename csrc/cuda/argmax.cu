@@ -1,0 +1,34 @@
+// Launch code of argmax_rows on CUDA (kernel in argmax_kernel.cuh).
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "../ops/op_checks.h"
+#include "argmax_kernel.cuh"
+
+namespace tokensampler::cuda {
+
+namespace {
+
+void argmax_rows(const at::Tensor& logits, at::Tensor& out_tokens) {
+  check_logits(logits);
+  check_int32_vector(out_tokens, "out_tokens", logits.size(0), logits.device());
+  const int64_t rows = logits.size(0);
+  if (rows == 0) return;
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  constexpr int kThreads = 1024;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "argmax_rows", [&] {
+    argmax_rows_kernel<scalar_t, kThreads><<<rows, kThreads, 0, stream>>>(
+        logits.data_ptr<scalar_t>(), logits.stride(0), static_cast<int32_t>(logits.size(1)),
+        out_tokens.data_ptr<int32_t>());
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(tokensampler, CUDA, m) { m.impl("argmax_rows", &argmax_rows); }
+
+}  // namespace tokensampler::cuda

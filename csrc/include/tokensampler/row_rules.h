@@ -1,0 +1,48 @@
+// The per-row rules of DESIGN §3 that every kernel, CPU or CUDA, applies the same way.
+#pragma once
+
+#include <cmath>
+
+#include "tokensampler/rng.h"
+
+namespace tokensampler {
+
+constexpr float kNegInf = -INFINITY;
+
+// §3.1: NaN counts as -inf.
+TS_HD float sanitize_logit(float x) { return x != x ? kNegInf : x; }
+
+// True when a row's k disables top-k: -1 (or any k <= 0) and k >= V.
+TS_HD bool top_k_disabled(int32_t k, int32_t vocab) { return k <= 0 || k >= vocab; }
+
+// §3.5: temperature 0 or top_k 1 is greedy.
+TS_HD bool is_greedy_row(float temperature, int32_t top_k) {
+  return temperature <= 0.0f || top_k == 1;
+}
+
+// §3.2–3.4 for one token: repetition penalty if the token is in the slot's history,
+// frequency and presence over its output count, then the bias. ±inf stays ±inf.
+TS_HD float penalized_logit(float l, bool in_history, int32_t output_count, float repetition,
+                            float frequency, float presence, float bias) {
+  if (in_history && repetition != 1.0f) l = l > 0.0f ? f_div(l, repetition) : f_mul(l, repetition);
+  if (output_count > 0) {
+    l = f_sub(l, f_add(f_mul(frequency, static_cast<float>(output_count)), presence));
+  }
+  return f_add(l, bias);
+}
+
+// Order used by top-k, top-p and every tie rule: a precedes b when its value is larger, or
+// equal with a lower token id.
+TS_HD bool ranks_before(float za, int32_t ia, float zb, int32_t ib) {
+  return za > zb || (za == zb && ia < ib);
+}
+
+// §3.6: z = l / T.
+TS_HD float scaled_logit(float l, float temperature) { return f_div(l, temperature); }
+
+// §3.6 min-p threshold on z: keep z >= z_max + ln(min_p). min_p <= 0 keeps everything.
+TS_HD float min_p_threshold(float z_max, float min_p) {
+  return min_p > 0.0f ? f_add(z_max, portable_log(min_p)) : kNegInf;
+}
+
+}  // namespace tokensampler

@@ -1,0 +1,70 @@
+// Layout of one slot's row in the slot table, shared by the SlotStateManager (which writes
+// rows on flip), the CPU kernels and the CUDA kernels (which read them).
+//
+// The table is one int32 tensor [pool_rows, row_words(H, B)] on the config's device; float
+// fields are stored as their bit patterns. One table means a flip is one host-to-device copy
+// of the packed new rows plus one index_copy_, however many fields and slots change.
+//
+// Penalty state is sparse: a sorted list of the distinct token ids the slot has seen (prompt
+// and output) with each one's output count, H entries at most, so a slot costs
+// 4 * (kScalarWords + 2H + 2B) bytes, not 4 * V.
+#pragma once
+
+#include "tokensampler/platform.h"
+
+namespace tokensampler {
+
+enum SlotColumn : int {
+  kColTemperature = 0,   // f32, 0 = greedy
+  kColTopK = 1,          // i32, <= 0 or >= V = disabled
+  kColTopP = 2,          // f32, 1 = disabled
+  kColMinP = 3,          // f32, 0 = disabled
+  kColRepetition = 4,    // f32, 1 = disabled
+  kColFrequency = 5,     // f32
+  kColPresence = 6,      // f32
+  kColSeedLo = 7,        // low 32 bits of the 64-bit seed
+  kColSeedHi = 8,        // high 32 bits
+  kColHistoryLen = 9,    // i32, distinct tokens in the history list
+  kColBiasLen = 10,      // i32, entries in the bias list
+  kColHistoryDropped = 11,  // i32, output tokens not recorded because the list was full
+  kScalarWords = 12,
+};
+
+struct SlotLayout {
+  int32_t history_capacity;  // H
+  int32_t bias_capacity;     // B
+
+  TS_HD int32_t row_words() const { return kScalarWords + 2 * history_capacity + 2 * bias_capacity; }
+  TS_HD int32_t history_tokens_col() const { return kScalarWords; }
+  TS_HD int32_t history_counts_col() const { return kScalarWords + history_capacity; }
+  TS_HD int32_t bias_tokens_col() const { return kScalarWords + 2 * history_capacity; }
+  TS_HD int32_t bias_values_col() const { return kScalarWords + 2 * history_capacity + bias_capacity; }
+};
+
+// Read-only view of one slot's row.
+struct SlotRow {
+  const int32_t* w;
+  SlotLayout layout;
+
+  TS_HD float temperature() const { return bits_float(static_cast<uint32_t>(w[kColTemperature])); }
+  TS_HD int32_t top_k() const { return w[kColTopK]; }
+  TS_HD float top_p() const { return bits_float(static_cast<uint32_t>(w[kColTopP])); }
+  TS_HD float min_p() const { return bits_float(static_cast<uint32_t>(w[kColMinP])); }
+  TS_HD float repetition() const { return bits_float(static_cast<uint32_t>(w[kColRepetition])); }
+  TS_HD float frequency() const { return bits_float(static_cast<uint32_t>(w[kColFrequency])); }
+  TS_HD float presence() const { return bits_float(static_cast<uint32_t>(w[kColPresence])); }
+  TS_HD uint64_t seed() const {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(w[kColSeedHi])) << 32) |
+           static_cast<uint32_t>(w[kColSeedLo]);
+  }
+  TS_HD int32_t history_len() const { return w[kColHistoryLen]; }
+  TS_HD int32_t bias_len() const { return w[kColBiasLen]; }
+  TS_HD const int32_t* history_tokens() const { return w + layout.history_tokens_col(); }
+  TS_HD const int32_t* history_counts() const { return w + layout.history_counts_col(); }
+  TS_HD const int32_t* bias_tokens() const { return w + layout.bias_tokens_col(); }
+  TS_HD float bias_value(int i) const {
+    return bits_float(static_cast<uint32_t>(w[layout.bias_values_col() + i]));
+  }
+};
+
+}  // namespace tokensampler

@@ -1,0 +1,69 @@
+// Argument checks shared by the CPU and CUDA kernels. TORCH_CHECK_VALUE / TORCH_CHECK_TYPE
+// surface in Python as ValueError / TypeError naming the argument.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace tokensampler {
+
+inline void check_logits(const at::Tensor& logits, const char* name = "logits") {
+  TORCH_CHECK_TYPE(logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kHalf ||
+                       logits.scalar_type() == at::kBFloat16,
+                   name, " must be float32, float16 or bfloat16, got ", logits.scalar_type());
+  TORCH_CHECK_VALUE(logits.dim() == 2, name, " must be 2-D [rows, vocab], got shape ",
+                    logits.sizes());
+  TORCH_CHECK_VALUE(logits.size(1) >= 1 && logits.size(1) <= (int64_t{1} << 20), name,
+                    " vocab size ", logits.size(1), " is outside [1, 2^20]");
+  TORCH_CHECK_VALUE(logits.stride(1) == 1, name, " rows must be contiguous");
+}
+
+inline void check_int32_vector(const at::Tensor& t, const char* name, int64_t min_numel,
+                               const at::Device& device) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt, name, " must be int32, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == 1 && t.numel() >= min_numel, name, " must be 1-D with at least ",
+                    min_numel, " entries, got shape ", t.sizes());
+  TORCH_CHECK_VALUE(t.device() == device, name, " is on ", t.device(), ", expected ", device);
+  TORCH_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous");
+}
+
+inline void check_slot_table(const at::Tensor& table, int64_t history_capacity,
+                             int64_t bias_capacity, const at::Device& device) {
+  TORCH_CHECK_TYPE(table.scalar_type() == at::kInt, "slot_table must be int32");
+  TORCH_CHECK_VALUE(table.dim() == 2 && table.is_contiguous(), "slot_table must be 2-D contiguous");
+  TORCH_CHECK_VALUE(table.size(1) == 12 + 2 * history_capacity + 2 * bias_capacity,
+                    "slot_table width ", table.size(1), " does not match history_capacity=",
+                    history_capacity, ", bias_capacity=", bias_capacity);
+  TORCH_CHECK_VALUE(table.device() == device, "slot_table is on ", table.device(),
+                    ", expected ", device);
+}
+
+// Shared shape checks of sample_rows (CPU and CUDA).
+inline void check_sample_rows_args(const at::Tensor& logits, const at::Tensor& req_pool_indices,
+                                   const at::Tensor& valid_cache_lengths,
+                                   const at::Tensor& slot_table, int64_t history_capacity,
+                                   int64_t bias_capacity, int64_t tokens_per_req,
+                                   const std::optional<at::Tensor>& candidates,
+                                   const at::Tensor& out_tokens, const at::Tensor& out_invalid) {
+  check_logits(logits);
+  const auto device = logits.device();
+  const int64_t rows = logits.size(0);
+  TORCH_CHECK_VALUE(tokens_per_req >= 1 && rows % tokens_per_req == 0, "logits rows ", rows,
+                    " is not a multiple of tokens_per_req=", tokens_per_req);
+  const int64_t bs = rows / tokens_per_req;
+  check_int32_vector(req_pool_indices, "req_pool_indices", bs, device);
+  check_int32_vector(valid_cache_lengths, "valid_cache_lengths", slot_table.size(0), device);
+  check_slot_table(slot_table, history_capacity, bias_capacity, device);
+  check_int32_vector(out_tokens, "out_tokens", rows, device);
+  TORCH_CHECK_TYPE(out_invalid.scalar_type() == at::kBool, "out_invalid must be bool");
+  TORCH_CHECK_VALUE(out_invalid.numel() >= rows && out_invalid.device() == device,
+                    "out_invalid must hold ", rows, " rows on ", device);
+  if (candidates) {
+    TORCH_CHECK_TYPE(candidates->scalar_type() == at::kInt, "candidates must be int32");
+    TORCH_CHECK_VALUE(candidates->dim() == 2 && candidates->size(0) >= bs &&
+                          candidates->size(1) == tokens_per_req && candidates->is_contiguous(),
+                      "candidates must be contiguous [bs, ", tokens_per_req, "], got ",
+                      candidates->sizes());
+  }
+}
+
+}  // namespace tokensampler

@@ -1,0 +1,203 @@
+#include "row_reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+
+#include "tokensampler/rng.h"
+#include "tokensampler/row_rules.h"
+
+namespace tokensampler::cpu {
+
+namespace {
+
+struct TokenAdjustment {
+  bool in_history = false;
+  int32_t output_count = 0;
+  float bias = 0.0f;
+};
+
+// §3.2–3.4: every token the slot's history, this row's drafts or the bias list names.
+std::map<int32_t, TokenAdjustment> collect_adjustments(const RowContext& ctx) {
+  std::map<int32_t, TokenAdjustment> adjust;
+  const SlotRow& s = ctx.slot;
+  for (int32_t i = 0; i < s.history_len(); ++i) {
+    auto& a = adjust[s.history_tokens()[i]];
+    a.in_history = true;
+    a.output_count = s.history_counts()[i];
+  }
+  for (int32_t i = 0; i < ctx.num_drafts; ++i) {
+    auto& a = adjust[ctx.drafts[i]];
+    a.in_history = true;
+    a.output_count += 1;
+  }
+  for (int32_t i = 0; i < s.bias_len(); ++i) adjust[s.bias_tokens()[i]].bias = s.bias_value(i);
+  return adjust;
+}
+
+// The first `limit` of `ids` in rank order (value descending, id ascending), sorted.
+std::vector<int32_t> ranked_prefix(const std::vector<float>& values, std::vector<int32_t> ids,
+                                   size_t limit) {
+  auto before = [&](int32_t a, int32_t b) { return ranks_before(values[a], a, values[b], b); };
+  limit = std::min(limit, ids.size());
+  std::partial_sort(ids.begin(), ids.begin() + limit, ids.end(), before);
+  ids.resize(limit);
+  return ids;
+}
+
+// log-sum-exp of the raw row; ±inf when the row's max is ±inf.
+double raw_log_normalizer(const RowDistribution& d) {
+  const float m = *std::max_element(d.raw.begin(), d.raw.end());
+  if (std::isinf(m)) return m;
+  double sum = 0.0;
+  for (float x : d.raw) sum += std::exp(double(x) - m);
+  return m + std::log(sum);
+}
+
+float raw_logprob_given(const RowDistribution& d, double lse, int32_t token) {
+  if (lse == -INFINITY) return kNegInf;
+  if (lse == INFINITY) {
+    const auto n = std::count(d.raw.begin(), d.raw.end(), INFINITY);
+    return d.raw[token] == INFINITY ? -static_cast<float>(std::log(double(n))) : kNegInf;
+  }
+  return static_cast<float>(double(d.raw[token]) - lse);
+}
+
+}  // namespace
+
+RowDistribution filter_row(const float* logits, const RowContext& ctx) {
+  RowDistribution d;
+  const int32_t V = ctx.vocab;
+  d.raw.resize(V);
+  for (int32_t i = 0; i < V; ++i) d.raw[i] = sanitize_logit(logits[i]);
+  d.processed = d.raw;
+  if (ctx.apply_penalties) {
+    const SlotRow& s = ctx.slot;
+    for (const auto& [token, a] : collect_adjustments(ctx)) {
+      if (token < 0 || token >= V) continue;
+      d.processed[token] = penalized_logit(d.processed[token], a.in_history, a.output_count,
+                                           s.repetition(), s.frequency(), s.presence(), a.bias);
+    }
+  }
+  const std::vector<float>& l = d.processed;
+
+  int32_t best = 0;
+  for (int32_t i = 1; i < V; ++i)
+    if (l[i] > l[best]) best = i;
+  if (l[best] == kNegInf) {
+    d.invalid = true;
+    return d;
+  }
+  const float T = ctx.slot.temperature();
+  const int32_t k = ctx.slot.top_k();
+  if (is_greedy_row(T, k)) {
+    d.greedy = true;
+    d.kept = {best};
+    d.kept_z = {0.0f};
+    return d;
+  }
+  const bool top_k_on = !top_k_disabled(k, V);
+  const float top_p = ctx.slot.top_p();
+
+  if (l[best] == INFINITY) {
+    // A row with +inf entries samples uniformly among them; top-k keeps the k lowest ids and
+    // top-p the first ceil(p * m) of the m left (mass before the j-th is j / m).
+    for (int32_t i = 0; i < V; ++i)
+      if (l[i] == INFINITY) d.kept.push_back(i);
+    if (top_k_on && static_cast<int32_t>(d.kept.size()) > k) d.kept.resize(k);
+    const float m = static_cast<float>(d.kept.size());
+    size_t keep = 0;
+    while (keep < d.kept.size() && static_cast<float>(keep) / m < top_p) ++keep;
+    d.kept.resize(std::max<size_t>(keep, 1));
+    d.kept_z.assign(d.kept.size(), 0.0f);
+    return d;
+  }
+
+  std::vector<float> z(V, kNegInf);
+  std::vector<int32_t> finite;
+  for (int32_t i = 0; i < V; ++i) {
+    if (l[i] == kNegInf) continue;
+    z[i] = scaled_logit(l[i], T);
+    finite.push_back(i);
+  }
+  // Rank order is needed only as far as top-k and top-p look.
+  const size_t ranked_len = top_k_on ? static_cast<size_t>(k) : top_p < 1.0f ? finite.size() : 1;
+  std::vector<int32_t> order = ranked_prefix(z, finite, ranked_len);
+  const float z_max = z[order.front()];
+  if (!top_k_on && top_p >= 1.0f) order = finite;
+  if (top_p < 1.0f) {
+    // Mass strictly before each token, in rank order, over the top-k set renormalised.
+    std::vector<float> e(order.size());
+    float total = 0.0f;
+    for (size_t j = 0; j < order.size(); ++j) {
+      e[j] = expf(f_sub(z[order[j]], z_max));
+      total = f_add(total, e[j]);
+    }
+    const float limit = f_mul(top_p, total);
+    float before = 0.0f;
+    size_t keep = 0;
+    while (keep < order.size() && before < limit) before = f_add(before, e[keep++]);
+    order.resize(std::max<size_t>(keep, 1));
+  }
+  const float threshold = min_p_threshold(z_max, ctx.slot.min_p());
+  for (int32_t i : order)
+    if (z[i] >= threshold) {
+      d.kept.push_back(i);
+      d.kept_z.push_back(z[i]);
+    }
+  return d;
+}
+
+int32_t sample_kept(const RowDistribution& d, const RowContext& ctx) {
+  if (d.invalid) return 0;
+  if (d.greedy) return d.kept.front();
+  const uint64_t seed = ctx.slot.seed();
+  int32_t best = -1;
+  float best_score = 0.0f;
+  for (size_t j = 0; j < d.kept.size(); ++j) {
+    const int32_t i = d.kept[j];
+    const float score = f_add(d.kept_z[j], gumbel_noise(seed, ctx.position, i, kStreamGumbel));
+    if (best < 0 || ranks_before(score, i, best_score, best)) {
+      best = i;
+      best_score = score;
+    }
+  }
+  return best;
+}
+
+std::vector<double> kept_probabilities(const RowDistribution& d) {
+  std::vector<double> p(d.kept.size(), 0.0);
+  if (d.kept.empty()) return p;
+  const double z_max = *std::max_element(d.kept_z.begin(), d.kept_z.end());
+  double total = 0.0;
+  for (size_t j = 0; j < p.size(); ++j) total += p[j] = std::exp(double(d.kept_z[j]) - z_max);
+  for (double& v : p) v /= total;
+  return p;
+}
+
+float raw_logprob(const RowDistribution& d, int32_t token) {
+  return raw_logprob_given(d, raw_log_normalizer(d), token);
+}
+
+float processed_logprob(const RowDistribution& d, int32_t token) {
+  if (d.invalid) return kNegInf;
+  if (d.greedy) return 0.0f;
+  const std::vector<double> p = kept_probabilities(d);
+  for (size_t j = 0; j < d.kept.size(); ++j)
+    if (d.kept[j] == token) return static_cast<float>(std::log(p[j]));
+  return kNegInf;
+}
+
+void top_raw_logprobs(const RowDistribution& d, int32_t n, float* values, int64_t* ids) {
+  std::vector<int32_t> all(d.raw.size());
+  std::iota(all.begin(), all.end(), 0);
+  const std::vector<int32_t> top = ranked_prefix(d.raw, std::move(all), n);
+  const double lse = raw_log_normalizer(d);
+  for (int32_t j = 0; j < n; ++j) {
+    ids[j] = top[j];
+    values[j] = raw_logprob_given(d, lse, top[j]);
+  }
+}
+
+}  // namespace tokensampler::cpu

@@ -1,0 +1,50 @@
+// The CPU row pipeline: DESIGN §3 for one logits row, written for clarity. It is the
+// executable specification the CUDA kernels are tested against.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tokensampler/slot_layout.h"
+
+namespace tokensampler::cpu {
+
+// Everything the kernels need to know about one row.
+struct RowContext {
+  SlotRow slot;
+  int64_t position;            // t (+ j for verify row j)
+  int32_t vocab;
+  const int32_t* drafts;       // candidates[b, 1..j]: tokens before this verify row, or null
+  int32_t num_drafts;
+  bool apply_penalties;
+};
+
+// The filtered distribution of one row.
+struct RowDistribution {
+  std::vector<float> raw;          // §3.1 output (NaN -> -inf), for raw logprobs
+  std::vector<float> processed;    // l after §3.2–3.4
+  std::vector<int32_t> kept;       // kept token ids (greedy: the argmax; +inf rows: the +inf ids)
+  std::vector<float> kept_z;       // z of each kept token (+inf rows: 0, i.e. uniform)
+  bool greedy = false;
+  bool invalid = false;            // no finite and no +inf entry
+};
+
+// Builds the row's kept set (steps 1–6).
+RowDistribution filter_row(const float* logits, const RowContext& ctx);
+
+// Step 7: the Gumbel-max sample over the kept set; token 0 for invalid rows.
+int32_t sample_kept(const RowDistribution& dist, const RowContext& ctx);
+
+// Probabilities of the kept tokens (softmax of kept_z; one-hot for greedy rows).
+std::vector<double> kept_probabilities(const RowDistribution& dist);
+
+// §3.8: log-softmax of the raw logits at `token`.
+float raw_logprob(const RowDistribution& dist, int32_t token);
+
+// §3.8 processed mode: log-probability of `token` under the kept distribution; 0 for greedy.
+float processed_logprob(const RowDistribution& dist, int32_t token);
+
+// The n largest raw log-softmax values and their ids, in rank order.
+void top_raw_logprobs(const RowDistribution& dist, int32_t n, float* values, int64_t* ids);
+
+}  // namespace tokensampler::cpu

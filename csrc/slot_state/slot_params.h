@@ -1,0 +1,46 @@
+// One request's sampling parameters as the SlotStateManager receives them from Python.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tokensampler {
+
+struct SlotParams {
+  float temperature = 1.0f;
+  int32_t top_k = -1;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  uint64_t seed = 0;
+  std::vector<std::pair<int64_t, float>> logit_bias;
+
+  bool has_penalties() const {
+    return repetition_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f;
+  }
+};
+
+// Which filters a step's rows use; decides the sampling route (DESIGN §2).
+enum class Route : int32_t {
+  kGeneric = 0,  // mixed rows: one kernel that handles every filter per row
+  kNoFilter = 1,
+  kTopK = 2,
+  kTopP = 3,
+  kTopKTopP = 4,
+  kMinP = 5,
+  kTopKTopPMinP = 6,
+};
+
+const char* route_name(Route route);
+std::optional<Route> route_from_name(const std::string& name);
+
+// Route of a step: the filter set every non-greedy row shares, or generic when they differ.
+// `with_min_p` is false for backends that ignore min-p.
+Route select_route(const std::vector<SlotParams>& params, int64_t vocab_size, bool with_min_p);
+
+}  // namespace tokensampler

@@ -1,0 +1,207 @@
+#include "slot_state_manager.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+namespace tokensampler {
+
+namespace {
+
+int32_t float_word(float x) { return static_cast<int32_t>(float_bits(x)); }
+
+template <typename... Parts>
+std::invalid_argument value_error(Parts&&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  return std::invalid_argument(os.str());
+}
+
+void check_finite_range(const char* field, float v, float lo, float hi, size_t row) {
+  if (!(v >= lo && v <= hi))
+    throw value_error("request ", row, ": ", field, "=", v, " is outside [", lo, ", ", hi, "]");
+}
+
+}  // namespace
+
+SlotStateManager::SlotStateManager(int64_t pool_rows, int64_t vocab_size, int64_t history_capacity,
+                                   int64_t bias_capacity, bool with_min_p, torch::Device device)
+    : pool_rows_(pool_rows),
+      vocab_size_(vocab_size),
+      layout_{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity)},
+      with_min_p_(with_min_p),
+      device_(device),
+      owners_(static_cast<size_t>(std::max<int64_t>(pool_rows, 0))) {
+  if (pool_rows < 1) throw value_error("pool_rows=", pool_rows, " must be >= 1");
+  if (vocab_size < 1 || vocab_size > (int64_t{1} << 20))
+    throw value_error("vocab_size=", vocab_size, " must be in [1, 2^20]");
+  if (history_capacity < 0 || bias_capacity < 0)
+    throw value_error("history_capacity=", history_capacity, ", bias_capacity=", bias_capacity,
+                      " must be >= 0");
+  auto neutral = torch::zeros({pool_rows, layout_.row_words()}, torch::kInt32);
+  const SlotParams defaults;
+  for (int64_t s = 0; s < pool_rows; ++s) pack_row(neutral[s].data_ptr<int32_t>(), defaults, {});
+  table_ = neutral.to(device_);
+}
+
+std::optional<std::string> SlotStateManager::owner(int64_t slot) const {
+  if (slot < 0 || slot >= pool_rows_) throw value_error("slot=", slot, " is outside [0, ", pool_rows_, ")");
+  return owners_[slot];
+}
+
+void SlotStateManager::validate(
+    const std::vector<std::string>& request_ids, const std::vector<int64_t>& pool_indices,
+    const std::vector<SlotParams>& params,
+    const std::vector<std::optional<std::vector<int64_t>>>& prompt_token_ids) const {
+  if (request_ids.size() != pool_indices.size() || request_ids.size() != params.size() ||
+      (!prompt_token_ids.empty() && prompt_token_ids.size() != request_ids.size()))
+    throw value_error("prepare_step expects aligned per-request lists; got request_ids=",
+                      request_ids.size(), ", request_pool_indices=", pool_indices.size(),
+                      ", sampling_params_list=", params.size(),
+                      ", prompt_token_ids=", prompt_token_ids.size());
+  for (size_t i = 0; i < pool_indices.size(); ++i) {
+    if (pool_indices[i] < 0 || pool_indices[i] >= pool_rows_)
+      throw value_error("request_pool_indices[", i, "]=", pool_indices[i], " is outside [0, ",
+                        pool_rows_, ") for rid=", request_ids[i]);
+    for (size_t j = 0; j < i; ++j)
+      if (pool_indices[j] == pool_indices[i] && request_ids[j] != request_ids[i])
+        throw value_error("request_pool_indices[", i, "]=", pool_indices[i],
+                          " is given to two requests in one step (", request_ids[j], ", ",
+                          request_ids[i], ")");
+    const SlotParams& p = params[i];
+    if (!(p.temperature >= 0.0f) || std::isinf(p.temperature))
+      throw value_error("request ", i, ": temperature=", p.temperature, " must be finite and >= 0");
+    if (p.top_k < -1 || p.top_k == 0)
+      throw value_error("request ", i, ": top_k=", p.top_k, " must be -1 or >= 1");
+    if (!(p.top_p > 0.0f && p.top_p <= 1.0f))
+      throw value_error("request ", i, ": top_p=", p.top_p, " must be in (0, 1]");
+    check_finite_range("min_p", p.min_p, 0.0f, 1.0f, i);
+    if (!(p.repetition_penalty > 0.0f) || std::isinf(p.repetition_penalty))
+      throw value_error("request ", i, ": repetition_penalty=", p.repetition_penalty,
+                        " must be finite and > 0");
+    check_finite_range("frequency_penalty", p.frequency_penalty, -2.0f, 2.0f, i);
+    check_finite_range("presence_penalty", p.presence_penalty, -2.0f, 2.0f, i);
+    if (static_cast<int64_t>(p.logit_bias.size()) > layout_.bias_capacity)
+      throw value_error("request ", i, ": logit_bias has ", p.logit_bias.size(),
+                        " entries, more than this backend's bias capacity ", layout_.bias_capacity);
+    for (const auto& [token, bias] : p.logit_bias) {
+      if (token < 0 || token >= vocab_size_)
+        throw value_error("request ", i, ": logit_bias token ", token, " is outside [0, ",
+                          vocab_size_, ")");
+      if (std::isnan(bias))
+        throw value_error("request ", i, ": logit_bias[", token, "]=nan is not a number");
+    }
+    if (!prompt_token_ids.empty() && prompt_token_ids[i]) {
+      for (int64_t token : *prompt_token_ids[i])
+        if (token < 0 || token >= vocab_size_)
+          throw value_error("request ", i, ": prompt token ", token, " is outside [0, ",
+                            vocab_size_, ")");
+      if (p.repetition_penalty != 1.0f) {
+        std::vector<int64_t> distinct = *prompt_token_ids[i];
+        std::sort(distinct.begin(), distinct.end());
+        const auto n = std::unique(distinct.begin(), distinct.end()) - distinct.begin();
+        if (n > layout_.history_capacity)
+          throw value_error("request ", i, ": prompt_token_ids has ", n,
+                            " distinct tokens, more than penalty_history_capacity=",
+                            layout_.history_capacity);
+      }
+    }
+  }
+}
+
+void SlotStateManager::pack_row(int32_t* row, const SlotParams& p,
+                                const std::optional<std::vector<int64_t>>& prompt) const {
+  std::fill(row, row + layout_.row_words(), 0);
+  row[kColTemperature] = float_word(p.temperature);
+  row[kColTopK] = p.top_k;
+  row[kColTopP] = float_word(p.top_p);
+  row[kColMinP] = float_word(with_min_p_ ? p.min_p : 0.0f);
+  row[kColRepetition] = float_word(p.repetition_penalty);
+  row[kColFrequency] = float_word(p.frequency_penalty);
+  row[kColPresence] = float_word(p.presence_penalty);
+  row[kColSeedLo] = static_cast<int32_t>(static_cast<uint32_t>(p.seed));
+  row[kColSeedHi] = static_cast<int32_t>(static_cast<uint32_t>(p.seed >> 32));
+
+  // Prompt tokens matter only to the repetition penalty; output counts start at zero.
+  std::vector<int64_t> history;
+  if (prompt && p.repetition_penalty != 1.0f && layout_.history_capacity > 0) {
+    history = *prompt;
+    std::sort(history.begin(), history.end());
+    history.erase(std::unique(history.begin(), history.end()), history.end());
+  }
+  const int64_t kept = std::min<int64_t>(history.size(), layout_.history_capacity);
+  for (int64_t j = 0; j < kept; ++j) row[layout_.history_tokens_col() + j] = static_cast<int32_t>(history[j]);
+  row[kColHistoryLen] = static_cast<int32_t>(kept);
+  row[kColHistoryDropped] = static_cast<int32_t>(history.size() - kept);
+
+  // Bias entries sorted by token; a repeated token keeps its last value.
+  std::vector<std::pair<int64_t, float>> bias = p.logit_bias;
+  std::stable_sort(bias.begin(), bias.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  int32_t n = 0;
+  for (size_t j = 0; j < bias.size(); ++j) {
+    if (n > 0 && row[layout_.bias_tokens_col() + n - 1] == bias[j].first) --n;
+    row[layout_.bias_tokens_col() + n] = static_cast<int32_t>(bias[j].first);
+    row[layout_.bias_values_col() + n] = float_word(bias[j].second);
+    ++n;
+  }
+  row[kColBiasLen] = n;
+}
+
+void SlotStateManager::upload(const std::vector<int64_t>& slots, const torch::Tensor& staged) {
+  if (slots.empty()) return;
+  auto index = torch::tensor(slots, torch::kInt64);
+  if (device_.is_cpu()) {
+    table_.index_copy_(0, index, staged);
+    return;
+  }
+  // Slot indices travel in the same pinned buffer as the rows: one host-to-device copy.
+  const int64_t w = layout_.row_words();
+  auto packed = torch::empty({static_cast<int64_t>(slots.size()), w + 1},
+                             torch::TensorOptions().dtype(torch::kInt32).pinned_memory(true));
+  packed.narrow(1, 0, w).copy_(staged);
+  packed.select(1, w).copy_(index);
+  auto on_device = packed.to(device_, /*non_blocking=*/true);
+  table_.index_copy_(0, on_device.select(1, w).to(torch::kInt64), on_device.narrow(1, 0, w));
+}
+
+Route SlotStateManager::prepare_step(
+    const std::vector<std::string>& request_ids, const std::vector<int64_t>& pool_indices,
+    const std::vector<SlotParams>& params,
+    const std::vector<std::optional<std::vector<int64_t>>>& prompt_token_ids) {
+  validate(request_ids, pool_indices, params, prompt_token_ids);
+
+  std::vector<int64_t> flipped;
+  std::vector<size_t> sources;
+  for (size_t i = 0; i < request_ids.size(); ++i) {
+    const int64_t slot = pool_indices[i];
+    if (owners_[slot] == request_ids[i]) continue;
+    if (std::find(flipped.begin(), flipped.end(), slot) != flipped.end()) continue;
+    flipped.push_back(slot);
+    sources.push_back(i);
+  }
+  if (!flipped.empty()) {
+    auto staged = torch::empty({static_cast<int64_t>(flipped.size()), layout_.row_words()},
+                               torch::kInt32);
+    for (size_t f = 0; f < flipped.size(); ++f) {
+      const size_t i = sources[f];
+      pack_row(staged[f].data_ptr<int32_t>(), params[i],
+               prompt_token_ids.empty() ? std::nullopt : prompt_token_ids[i]);
+    }
+    upload(flipped, staged);
+    for (size_t f = 0; f < flipped.size(); ++f) owners_[flipped[f]] = request_ids[sources[f]];
+    rows_written_ += static_cast<int64_t>(flipped.size());
+  }
+  return select_route(params, vocab_size_, with_min_p_);
+}
+
+void SlotStateManager::reset_slot(int64_t slot) {
+  if (slot < 0 || slot >= pool_rows_) throw value_error("slot=", slot, " is outside [0, ", pool_rows_, ")");
+  auto staged = torch::empty({1, layout_.row_words()}, torch::kInt32);
+  pack_row(staged[0].data_ptr<int32_t>(), SlotParams{}, std::nullopt);
+  upload({slot}, staged);
+  owners_[slot].reset();
+}
+
+}  // namespace tokensampler

@@ -1,0 +1,61 @@
+// SlotStateManager: owns the per-slot sampling state of a backend (DESIGN §2).
+//
+// Host side: which request id owns each pool row, flip detection, validation. Device side: one
+// int32 slot table [pool_rows, row_words] (layout in tokensampler/slot_layout.h) that the
+// kernels read by req_pool_indices. A step's flipped rows are packed on the host into one
+// staging buffer and reach the device in a single copy, followed by one index_copy_.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "slot_params.h"
+#include "tokensampler/slot_layout.h"
+
+namespace tokensampler {
+
+class SlotStateManager {
+ public:
+  SlotStateManager(int64_t pool_rows, int64_t vocab_size, int64_t history_capacity,
+                   int64_t bias_capacity, bool with_min_p, torch::Device device);
+
+  // Validates every input first (ValueError via std::invalid_argument, nothing written on
+  // failure), then rewrites the rows of slots whose owner changed. Returns the step's route.
+  Route prepare_step(const std::vector<std::string>& request_ids,
+                     const std::vector<int64_t>& pool_indices,
+                     const std::vector<SlotParams>& params,
+                     const std::vector<std::optional<std::vector<int64_t>>>& prompt_token_ids);
+
+  // Rewrites `slot` with neutral values (what capture warm-up dirtied) and forgets its owner.
+  void reset_slot(int64_t slot);
+
+  const torch::Tensor& table() const { return table_; }
+  SlotLayout layout() const { return layout_; }
+  int64_t pool_rows() const { return pool_rows_; }
+  int64_t vocab_size() const { return vocab_size_; }
+  std::optional<std::string> owner(int64_t slot) const;
+  // Rows rewritten by flips since construction: lets tests observe "steady state does not rewrite".
+  int64_t rows_written() const { return rows_written_; }
+
+ private:
+  void validate(const std::vector<std::string>& request_ids,
+                const std::vector<int64_t>& pool_indices, const std::vector<SlotParams>& params,
+                const std::vector<std::optional<std::vector<int64_t>>>& prompt_token_ids) const;
+  void pack_row(int32_t* row, const SlotParams& p,
+                const std::optional<std::vector<int64_t>>& prompt) const;
+  void upload(const std::vector<int64_t>& slots, const torch::Tensor& staged);
+
+  int64_t pool_rows_;
+  int64_t vocab_size_;
+  SlotLayout layout_;
+  bool with_min_p_;
+  torch::Device device_;
+  torch::Tensor table_;
+  std::vector<std::optional<std::string>> owners_;
+  int64_t rows_written_ = 0;
+};
+
+}  // namespace tokensampler

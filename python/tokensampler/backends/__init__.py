@@ -1,0 +1,1 @@
+"""One backend per file; `tokensampler.create_backend` picks one by name."""

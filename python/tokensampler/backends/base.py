@@ -1,0 +1,150 @@
+"""The SamplingBackend contract (tokenspeed's seed base.py), shared plumbing for every backend."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..batch import LogitsProcessorOutput, SamplingBatchInfo
+from ..config import SamplingBackendConfig
+from ..graphs import CUDA_GRAPH_VARIANT_DEFAULT
+from ..params import SamplingParams
+
+__all__ = ["SamplingBackend"]
+
+
+class SamplingBackend(ABC):
+    """Single-step sampling and speculative verification over a batch of requests.
+
+    `sample` returns (tokens int32[bs], accept_lengths int32[bs] of ones) and `verify` returns
+    (predict int32[bs*n], accept_length int32[bs]). Both are views of buffers the backend
+    allocates once at construction: they are overwritten by the next call, which is what makes
+    the calls CUDA-graph capturable. Copy them if you keep them.
+    """
+
+    # Backends that keep per-slot state (scalars, penalty history, bias) set this, and
+    # prepare_step then performs flip detection through the SlotStateManager.
+    _HAS_POOL_STATE: bool = False
+
+    def __init__(self, config: SamplingBackendConfig) -> None:
+        self.config = config.validate()
+        self.device = config.torch_device
+        rows = config.max_bs * config.max_draft_tokens_per_req
+        # Row 0 of `_packed` holds output tokens, row 1 accept lengths: one D2H copy moves both.
+        self._packed = torch.zeros((2, rows), dtype=torch.int32, device=self.device)
+        self._packed[1].fill_(1)
+        self._target = torch.zeros(rows, dtype=torch.int32, device=self.device)
+        # Per-row flag of DESIGN §3.1: the row had no finite and no +inf logit.
+        self.invalid_rows = torch.zeros(rows, dtype=torch.bool, device=self.device)
+        self._logprobs = (torch.zeros(rows, dtype=torch.float32, device=self.device)
+                          if config.enable_output_logprobs else None)
+        n_top = config.top_logprobs_num
+        self._top_values = (torch.zeros((rows, n_top), dtype=torch.float32, device=self.device)
+                            if n_top > 0 else None)
+        self._top_ids = (torch.zeros((rows, n_top), dtype=torch.int64, device=self.device)
+                         if n_top > 0 else None)
+        self._tp_group = None
+        self._tp_src = None
+        if config.enable_tp_sync and config.tp_group is not None and len(config.tp_group) > 1:
+            if not dist.is_initialized():
+                raise ValueError(f"tp_group={config.tp_group} needs torch.distributed to be initialised")
+            self._tp_group = dist.new_group(list(config.tp_group))
+            self._tp_src = config.tp_group[0]
+
+    # ---- step preparation (host side, outside CUDA graphs) ----
+    def prepare_step(self, request_ids: Sequence[str], request_pool_indices: Sequence[int],
+                     sampling_params_list: Sequence[SamplingParams], num_tokens_per_req: int = 1,
+                     *, prompt_token_ids: Sequence[Sequence[int] | None] | None = None) -> None:
+        """Flip detection and per-step route selection. Stateless backends do nothing."""
+
+    def prepare_capture(self, bs: int, num_tokens_per_req: int = 1) -> None:
+        """Per-step refill for capture warm-up. Default: nothing to refill."""
+
+    def cuda_graph_capture_variants(self, num_tokens_per_req: int) -> tuple[str, ...]:
+        return (CUDA_GRAPH_VARIANT_DEFAULT,)
+
+    def prepare_capture_variant(self, bs: int, num_tokens_per_req: int, variant: str) -> None:
+        if variant not in self.cuda_graph_capture_variants(num_tokens_per_req):
+            raise ValueError(f"Unsupported CUDA graph variant: {variant!r}")
+        self.prepare_capture(bs=bs, num_tokens_per_req=num_tokens_per_req)
+
+    def cuda_graph_replay_variant(self, num_tokens_per_req: int) -> str:
+        return CUDA_GRAPH_VARIANT_DEFAULT
+
+    def reset_capture_state(self) -> None:
+        """Clears what capture warm-up (which runs against pool row 0) may have dirtied."""
+
+    def configure_dp_sampling(self, runtime) -> None:
+        """DP sampling is not implemented by tokensampler's backends; nothing to configure."""
+
+    # ---- outputs ----
+    def get_packed_output_d2h(self, output_tokens: torch.Tensor, output_lengths: torch.Tensor
+                              ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """CPU copies of (tokens, lengths) from one device-to-host copy, when both are the
+        views this backend returned; None otherwise."""
+        base = self._packed
+        if (output_tokens.untyped_storage().data_ptr() != base.untyped_storage().data_ptr()
+                or output_lengths.untyped_storage().data_ptr() != base.untyped_storage().data_ptr()):
+            return None
+        width = max(output_tokens.numel(), output_lengths.numel())
+        host = base[:, :width].to("cpu")
+        return host[0, :output_tokens.numel()], host[1, :output_lengths.numel()]
+
+    def maybe_broadcast(self, *tensors: torch.Tensor) -> None:
+        """Broadcasts each tensor from tp_group[0] so all attention-TP ranks agree. No-op
+        without a TP group. Graph-safe (collectives only, no host sync)."""
+        if self._tp_group is None:
+            return
+        for t in tensors:
+            dist.broadcast(t, src=self._tp_src, group=self._tp_group)
+
+    # ---- the work ----
+    @abstractmethod
+    def sample(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo
+               ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    @abstractmethod
+    def verify(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo,
+               candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    # ---- shared checks ----
+    def _checked_logits(self, logits_output: LogitsProcessorOutput, rows_per_req: int) -> torch.Tensor:
+        logits = logits_output.next_token_logits
+        if not isinstance(logits, torch.Tensor):
+            raise TypeError(f"next_token_logits must be a tensor, got {type(logits).__name__}")
+        if logits.device != self.device:
+            raise ValueError(f"next_token_logits is on {logits.device}, but this backend's "
+                             f"config.device is {self.device}")
+        if logits.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"next_token_logits dtype {logits.dtype} is not float32/float16/bfloat16")
+        if logits.dim() != 2 or logits.size(1) != self.config.vocab_size:
+            raise ValueError(f"next_token_logits shape {tuple(logits.shape)} is not "
+                             f"[rows, vocab_size={self.config.vocab_size}]")
+        rows = logits.size(0)
+        if rows % rows_per_req or rows // rows_per_req > self.config.max_bs:
+            raise ValueError(f"next_token_logits has {rows} rows: more than max_bs="
+                             f"{self.config.max_bs} requests of {rows_per_req} rows")
+        if rows_per_req > self.config.max_draft_tokens_per_req:
+            raise ValueError(f"{rows_per_req} tokens per request exceeds "
+                             f"max_draft_tokens_per_req={self.config.max_draft_tokens_per_req}")
+        return logits if logits.stride(1) == 1 else logits.contiguous()
+
+    def _checked_candidates(self, candidates: torch.Tensor, rows: int) -> torch.Tensor:
+        if not isinstance(candidates, torch.Tensor) or candidates.dim() != 2:
+            raise ValueError(f"candidates must be a [bs, n] tensor, got {getattr(candidates, 'shape', candidates)}")
+        if candidates.numel() != rows:
+            raise ValueError(f"candidates shape {tuple(candidates.shape)} does not match "
+                             f"{rows} logits rows")
+        if candidates.device != self.device:
+            raise ValueError(f"candidates is on {candidates.device}, expected {self.device}")
+        return candidates.to(torch.int32).contiguous()
+
+    def _publish_logprobs(self, logits_output: LogitsProcessorOutput, rows: int) -> None:
+        if self._logprobs is not None:
+            logits_output.next_token_logprobs = self._logprobs[:rows]
+        if self._top_values is not None:
+            logits_output.next_token_top_logprobs_val = self._top_values[:rows]
+            logits_output.next_token_top_logprobs_idx = self._top_ids[:rows]

@@ -1,0 +1,179 @@
+"""Gumbel-max backend: temperature, top-k, top-p and per-request seed from slot pools.
+
+Noise is keyed by (seed, position, token id), so a request's tokens do not depend on its batch
+row, the batch size, the route, eager vs graph replay, or plain decode vs verify (DESIGN §3.7).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .. import _C
+from ..batch import LogitsProcessorOutput, SamplingBatchInfo
+from ..config import LOGPROBS_MODES
+from ..graphs import (
+    CUDA_GRAPH_VARIANT_DEFAULT,
+    CUDA_GRAPH_VARIANT_NO_FILTER,
+    CUDA_GRAPH_VARIANT_TOP_K,
+    CUDA_GRAPH_VARIANT_TOP_K_TOP_P,
+    CUDA_GRAPH_VARIANT_TOP_P,
+    CUDA_GRAPH_VARIANT_VERIFY_NO_FILTER,
+)
+from ..params import SamplingParams
+from .base import SamplingBackend
+from .slot_params import to_slot_params
+
+__all__ = ["GumbelSamplingBackend"]
+
+_VARIANT_ROUTES = {
+    CUDA_GRAPH_VARIANT_DEFAULT: _C.Route.GENERIC,
+    CUDA_GRAPH_VARIANT_NO_FILTER: _C.Route.NO_FILTER,
+    CUDA_GRAPH_VARIANT_TOP_P: _C.Route.TOP_P,
+    CUDA_GRAPH_VARIANT_TOP_K: _C.Route.TOP_K,
+    CUDA_GRAPH_VARIANT_TOP_K_TOP_P: _C.Route.TOP_K_TOP_P,
+    CUDA_GRAPH_VARIANT_VERIFY_NO_FILTER: _C.Route.NO_FILTER,
+}
+
+
+class GumbelSamplingBackend(SamplingBackend):
+    _HAS_POOL_STATE = True
+    # What the full backend adds; the plain one ignores min-p, penalties and bias.
+    _FULL = False
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        full = self._FULL
+        self.slots = _C.SlotStateManager(
+            pool_rows=config.pool_rows, vocab_size=config.vocab_size,
+            history_capacity=min(config.penalty_history_capacity, config.vocab_size) if full else 0,
+            bias_capacity=config.logit_bias_capacity if full else 0,
+            with_min_p=full, device=str(self.device))
+        self._route = _C.Route.GENERIC
+        self._logprobs_mode = LOGPROBS_MODES.index(config.logprobs_mode)
+
+    # ---- pool views (one int32 table; floats stored as bits) ----
+    def _column(self, col: int, dtype: torch.dtype) -> torch.Tensor:
+        return self.slots.table[:, col].view(dtype)
+
+    @property
+    def temperature_pool(self) -> torch.Tensor:
+        return self._column(0, torch.float32)
+
+    @property
+    def top_k_pool(self) -> torch.Tensor:
+        return self._column(1, torch.int32)
+
+    @property
+    def top_p_pool(self) -> torch.Tensor:
+        return self._column(2, torch.float32)
+
+    @property
+    def seed_pool(self) -> torch.Tensor:
+        """int64 seeds: two int32 words per slot."""
+        return self.slots.table[:, 7:9].contiguous().view(torch.int64).view(-1)
+
+    @property
+    def route(self) -> str:
+        return _C.route_name(self._route)
+
+    # ---- step preparation ----
+    def prepare_step(self, request_ids: Sequence[str], request_pool_indices: Sequence[int],
+                     sampling_params_list: Sequence[SamplingParams], num_tokens_per_req: int = 1,
+                     *, prompt_token_ids: Sequence[Sequence[int] | None] | None = None) -> None:
+        if len(request_ids) != len(sampling_params_list):
+            raise ValueError(f"prepare_step expects aligned per-request lists; got "
+                             f"request_ids={len(request_ids)}, "
+                             f"sampling_params_list={len(sampling_params_list)}")
+        if not 1 <= num_tokens_per_req <= self.config.max_draft_tokens_per_req:
+            raise ValueError(f"num_tokens_per_req={num_tokens_per_req} is outside [1, "
+                             f"max_draft_tokens_per_req={self.config.max_draft_tokens_per_req}]")
+        params = [to_slot_params(sp, rid, self.config.vocab_size)
+                  for rid, sp in zip(request_ids, sampling_params_list)]
+        prompts = [] if prompt_token_ids is None else [
+            None if p is None else [int(t) for t in p] for p in prompt_token_ids]
+        self._route = self.slots.prepare_step(
+            [str(r) for r in request_ids], [int(i) for i in request_pool_indices], params, prompts)
+
+    def prepare_capture(self, bs: int, num_tokens_per_req: int = 1) -> None:
+        # Warm-up runs against pool row 0; the default graph must serve any mix of filters.
+        self._route = _C.Route.GENERIC
+
+    def cuda_graph_capture_variants(self, num_tokens_per_req: int) -> tuple[str, ...]:
+        variants = (CUDA_GRAPH_VARIANT_DEFAULT, CUDA_GRAPH_VARIANT_NO_FILTER,
+                    CUDA_GRAPH_VARIANT_TOP_P, CUDA_GRAPH_VARIANT_TOP_K,
+                    CUDA_GRAPH_VARIANT_TOP_K_TOP_P)
+        if num_tokens_per_req > 1:
+            variants += (CUDA_GRAPH_VARIANT_VERIFY_NO_FILTER,)
+        return variants
+
+    def _variant_routes(self) -> dict:
+        return _VARIANT_ROUTES
+
+    def prepare_capture_variant(self, bs: int, num_tokens_per_req: int, variant: str) -> None:
+        if variant not in self.cuda_graph_capture_variants(num_tokens_per_req):
+            raise ValueError(f"Unsupported CUDA graph variant: {variant!r}")
+        self._route = self._variant_routes()[variant]
+
+    def cuda_graph_replay_variant(self, num_tokens_per_req: int) -> str:
+        if self._route == _C.Route.GENERIC:
+            return CUDA_GRAPH_VARIANT_DEFAULT
+        if self._route == _C.Route.NO_FILTER and num_tokens_per_req > 1:
+            return CUDA_GRAPH_VARIANT_VERIFY_NO_FILTER
+        return _C.route_name(self._route)
+
+    def reset_capture_state(self) -> None:
+        self.slots.reset_slot(0)
+
+    # ---- the work ----
+    def _sample_rows(self, logits: torch.Tensor, sampling_info: SamplingBatchInfo, n: int,
+                     candidates: torch.Tensor | None, out: torch.Tensor) -> None:
+        rows = logits.size(0)
+        torch.ops.tokensampler.sample_rows(
+            logits, sampling_info.req_pool_indices, sampling_info.valid_cache_lengths,
+            self.slots.table, self.slots.history_capacity, self.slots.bias_capacity, n,
+            candidates, self._FULL, self._logprobs_mode, int(self._route), out,
+            self.invalid_rows[:rows],
+            None if self._logprobs is None else self._logprobs[:rows],
+            None if self._top_values is None else self._top_values[:rows],
+            None if self._top_ids is None else self._top_ids[:rows])
+
+    def _record_history(self, sampling_info, tokens, lengths, n) -> None:
+        if self._FULL and self.slots.history_capacity > 0:
+            torch.ops.tokensampler.append_history(
+                self.slots.table, self.slots.history_capacity, self.slots.bias_capacity,
+                sampling_info.req_pool_indices, tokens, lengths, n)
+
+    def sample(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self._checked_logits(logits_output, 1)
+        bs = logits.size(0)
+        tokens, lengths = self._packed[0, :bs], self._packed[1, :bs]
+        self._sample_rows(logits, sampling_info, 1, None, tokens)
+        lengths.fill_(1)
+        self._record_history(sampling_info, tokens, lengths, 1)
+        self._publish_logprobs(logits_output, bs)
+        return tokens, lengths
+
+    def verify(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo,
+               candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = candidates.size(-1)
+        logits = self._checked_logits(logits_output, n)
+        rows = logits.size(0)
+        candidates = self._checked_candidates(candidates, rows)
+        bs = candidates.size(0)
+        predict, accept = self._packed[0, :rows], self._packed[1, :bs]
+        if sampling_info.draft_probs is not None:
+            torch.ops.tokensampler.verify_rejection(
+                logits, sampling_info.req_pool_indices, sampling_info.valid_cache_lengths,
+                self.slots.table, self.slots.history_capacity, self.slots.bias_capacity,
+                candidates, sampling_info.draft_probs, self._FULL, int(self._route),
+                predict, accept, self.invalid_rows[:rows])
+        else:
+            target = self._target[:rows]
+            self._sample_rows(logits, sampling_info, n, candidates, target)
+            torch.ops.tokensampler.verify_chain(candidates, target, predict, accept)
+        self._record_history(sampling_info, predict, accept, n)
+        self._publish_logprobs(logits_output, rows)
+        return predict, accept

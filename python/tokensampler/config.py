@@ -1,0 +1,76 @@
+"""Backend configuration: the seed contract's fields and defaults, plus tokensampler's own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["SamplingBackendConfig", "DEFAULT_RANDOM_SEED", "LOGPROBS_MODES"]
+
+DEFAULT_RANDOM_SEED = 48
+LOGPROBS_MODES = ("raw", "processed")
+
+
+@dataclass
+class SamplingBackendConfig:
+    enable_nan_detection: bool = False
+    # Sampled-token logprobs (next_token_logprobs); off by default so the fast path does no extra work.
+    enable_output_logprobs: bool = False
+    # Sizing of buffers allocated once at construction (no allocation per step).
+    max_bs: int = 1
+    max_draft_tokens_per_req: int = 1
+    # Per-slot state is indexed by req_pool_idx in [0, max_req_pool_size]; row 0 is neutral.
+    max_req_pool_size: int = 0
+    vocab_size: int = 0
+    device: torch.device | str | None = None
+    random_seed: int = DEFAULT_RANDOM_SEED
+    # Attention-TP group for sampler-output broadcast (rank tp_group[0] wins).
+    tp_group: tuple[int, ...] | None = None
+    enable_tp_sync: bool = True
+
+    # tokensampler additions.
+    # "raw": log-softmax of the raw logits; "processed": of the distribution actually sampled.
+    logprobs_mode: str = "raw"
+    # N > 0 fills next_token_top_logprobs_val/idx with the N largest raw logprobs per row.
+    top_logprobs_num: int = 0
+    # Distinct tokens (prompt + output) a slot's penalty history holds (gumbel_full).
+    penalty_history_capacity: int = 4096
+    # Logit-bias entries per request (gumbel_full).
+    logit_bias_capacity: int = 256
+
+    @property
+    def pool_rows(self) -> int:
+        return self.max_req_pool_size + 1
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device if self.device is not None else "cpu")
+
+    def validate(self) -> "SamplingBackendConfig":
+        """Raises ValueError naming the field and value of anything a backend cannot size from."""
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        need(isinstance(self.max_bs, int) and self.max_bs >= 1, f"max_bs={self.max_bs!r} must be an int >= 1")
+        need(isinstance(self.max_draft_tokens_per_req, int) and self.max_draft_tokens_per_req >= 1,
+             f"max_draft_tokens_per_req={self.max_draft_tokens_per_req!r} must be an int >= 1")
+        need(isinstance(self.max_req_pool_size, int) and self.max_req_pool_size >= 0,
+             f"max_req_pool_size={self.max_req_pool_size!r} must be an int >= 0")
+        need(isinstance(self.vocab_size, int) and 1 <= self.vocab_size <= 2**20,
+             f"vocab_size={self.vocab_size!r} must be an int in [1, 2^20]")
+        need(self.logprobs_mode in LOGPROBS_MODES,
+             f"logprobs_mode={self.logprobs_mode!r} must be one of {LOGPROBS_MODES}")
+        need(isinstance(self.top_logprobs_num, int) and 0 <= self.top_logprobs_num <= self.vocab_size,
+             f"top_logprobs_num={self.top_logprobs_num!r} must be an int in [0, vocab_size]")
+        need(isinstance(self.penalty_history_capacity, int) and self.penalty_history_capacity >= 0,
+             f"penalty_history_capacity={self.penalty_history_capacity!r} must be an int >= 0")
+        need(isinstance(self.logit_bias_capacity, int) and self.logit_bias_capacity >= 0,
+             f"logit_bias_capacity={self.logit_bias_capacity!r} must be an int >= 0")
+        try:
+            device = self.torch_device
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device={self.device!r} is not a torch device: {exc}") from None
+        need(device.type in ("cpu", "cuda"), f"device={self.device!r} must be cpu or cuda")
+        return self

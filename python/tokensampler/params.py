@@ -1,0 +1,110 @@
+"""Per-request sampling parameters (DESIGN §1)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+__all__ = ["SamplingParams"]
+
+_FIELD_RANGES = {
+    # field: (low, high, low_inclusive, high_inclusive)
+    "temperature": (0.0, math.inf, True, False),
+    "top_p": (0.0, 1.0, False, True),
+    "min_p": (0.0, 1.0, True, True),
+    "frequency_penalty": (-2.0, 2.0, True, True),
+    "presence_penalty": (-2.0, 2.0, True, True),
+    "repetition_penalty": (0.0, math.inf, False, False),
+}
+
+
+def _check_number(name: str, value, low, high, low_inc, high_inc) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if math.isnan(value):
+        raise ValueError(f"{name}=nan is not a number")
+    ok_low = value >= low if low_inc else value > low
+    ok_high = value <= high if high_inc else value < high
+    if not (ok_low and ok_high):
+        lb, hb = "[" if low_inc else "(", "]" if high_inc else ")"
+        raise ValueError(f"{name}={value} is outside {lb}{low}, {high}{hb}")
+    return value
+
+
+@dataclass
+class SamplingParams:
+    """What one request asks of the sampler.
+
+    temperature 0 (or top_k 1) is greedy; top_k -1 and top_p 1 disable those filters;
+    seed None is replaced by a value derived from the request id (`resolve_seed`);
+    logit_bias maps token ids (int or decimal str) to an additive bias.
+    """
+
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    logit_bias: Mapping[int | str, float] | None = field(default=None)
+
+    def resolve_seed(self, rid: str) -> int:
+        """Fills a missing seed with a deterministic 63-bit value derived from `rid`."""
+        if self.seed is None:
+            digest = hashlib.blake2b(str(rid).encode(), digest_size=8).digest()
+            self.seed = int.from_bytes(digest, "little") & ((1 << 63) - 1)
+        return self.seed
+
+    def normalize(self, vocab_size: int | None = None) -> "SamplingParams":
+        """Validates every field (ValueError/TypeError naming field and value) and converts
+        them to canonical types. Idempotent."""
+        for name, bounds in _FIELD_RANGES.items():
+            setattr(self, name, _check_number(name, getattr(self, name), *bounds))
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
+            raise TypeError(f"top_k must be an int, got {type(self.top_k).__name__} {self.top_k!r}")
+        if self.top_k < -1 or self.top_k == 0:
+            raise ValueError(f"top_k={self.top_k} must be -1 (disabled) or >= 1")
+        if self.top_k >= 2**31:
+            raise ValueError(f"top_k={self.top_k} must be < 2^31")
+        if self.seed is not None:
+            if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+                raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__} {self.seed!r}")
+            if not 0 <= self.seed < 2**64:
+                raise ValueError(f"seed={self.seed} is outside [0, 2^64)")
+        if self.logit_bias is not None:
+            self.logit_bias = self._normalized_bias(vocab_size)
+        return self
+
+    def _normalized_bias(self, vocab_size: int | None) -> dict[int, float]:
+        if not isinstance(self.logit_bias, Mapping):
+            raise TypeError(f"logit_bias must be a mapping, got {type(self.logit_bias).__name__}")
+        out: dict[int, float] = {}
+        for key, value in self.logit_bias.items():
+            try:
+                token = int(key)
+            except (TypeError, ValueError):
+                raise TypeError(f"logit_bias key {key!r} is not a token id") from None
+            if isinstance(key, float) or isinstance(key, bool):
+                raise TypeError(f"logit_bias key {key!r} is not a token id")
+            if token < 0 or (vocab_size is not None and token >= vocab_size):
+                raise ValueError(f"logit_bias token {token} is outside [0, {vocab_size})")
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"logit_bias[{token}] must be a number, got {value!r}")
+            if math.isnan(value):
+                raise ValueError(f"logit_bias[{token}]=nan is not a number")
+            out[token] = float(value)
+        return out
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+                or self.presence_penalty != 0.0)

@@ -1,0 +1,246 @@
+"""Slot-state invariants (the seed test's, restated against tokensampler's API)."""
+
+import pytest
+import torch
+
+import tokensampler as ts
+from tokensampler import graphs
+
+from helpers import POOL, VOCAB, make_config, sample_once
+
+
+def sp(**kw):
+    kw.setdefault("seed", 1)
+    return ts.SamplingParams(**kw)
+
+
+@pytest.fixture(params=["gumbel", "gumbel_full"])
+def backend(request):
+    return ts.create_backend(request.param, make_config())
+
+
+@pytest.fixture
+def full():
+    return ts.create_backend("gumbel_full", make_config())
+
+
+def test_greedy_has_no_pool_state():
+    b = ts.create_backend("greedy", make_config())
+    assert not b._HAS_POOL_STATE
+    assert not hasattr(b, "slots")
+    # short-circuits: even nonsensical inputs are ignored
+    b.prepare_step(["a", "b"], [999, -1], [sp(), sp()])
+
+
+def test_first_admission_flips_and_scatters(backend):
+    backend.prepare_step(["a", "b"], [1, 3], [
+        sp(temperature=0.7, top_k=50, top_p=0.9, seed=42),
+        sp(temperature=1.2, top_k=20, top_p=0.8, seed=2**40 + 123)])
+    assert backend.slots.owner(1) == "a" and backend.slots.owner(3) == "b"
+    assert backend.temperature_pool[1].item() == pytest.approx(0.7)
+    assert backend.top_k_pool[1].item() == 50
+    assert backend.top_p_pool[1].item() == pytest.approx(0.9)
+    assert backend.seed_pool[1].item() == 42
+    assert backend.temperature_pool[3].item() == pytest.approx(1.2)
+    assert backend.top_k_pool[3].item() == 20
+    assert backend.seed_pool[3].item() == 2**40 + 123
+    # untouched slots keep neutral values
+    assert backend.temperature_pool[0].item() == 1.0
+    assert backend.temperature_pool[5].item() == 1.0
+    assert backend.top_k_pool[5].item() == -1
+
+
+def test_unseeded_request_gets_rid_derived_seed(backend):
+    backend.prepare_step(["rid-x"], [2], [ts.SamplingParams()])
+    assert backend.seed_pool[2].item() == ts.SamplingParams().resolve_seed("rid-x")
+
+
+def test_steady_state_does_not_rewrite(backend):
+    backend.prepare_step(["a"], [2], [sp(temperature=0.7)])
+    written = backend.slots.rows_written
+    backend.temperature_pool[2] = 9.999  # a sentinel a re-flip would overwrite
+    backend.prepare_step(["a"], [2], [sp(temperature=0.7)])
+    assert backend.slots.rows_written == written
+    assert backend.temperature_pool[2].item() == pytest.approx(9.999)
+
+
+def test_slot_recycle_flips(backend):
+    backend.prepare_step(["a"], [2], [sp(temperature=0.7, seed=1)])
+    backend.prepare_step(["b"], [2], [sp(temperature=0.3, seed=99)])
+    assert backend.slots.owner(2) == "b"
+    assert backend.temperature_pool[2].item() == pytest.approx(0.3)
+    assert backend.seed_pool[2].item() == 99
+
+
+def test_full_scatters_penalties_min_p_and_bias(full):
+    full.prepare_step(["a"], [3], [sp(frequency_penalty=0.5, presence_penalty=0.25,
+                                      repetition_penalty=1.2, min_p=0.1,
+                                      logit_bias={"100": 2.0, 200: -1.5})])
+    assert full.frequency_penalty_pool[3].item() == pytest.approx(0.5)
+    assert full.presence_penalty_pool[3].item() == pytest.approx(0.25)
+    assert full.repetition_penalty_pool[3].item() == pytest.approx(1.2)
+    assert full.min_p_pool[3].item() == pytest.approx(0.1)
+    assert full.logit_bias(3) == {100: 2.0, 200: -1.5}
+
+
+def test_flip_clears_history_and_bias(full):
+    full.prepare_step(["old"], [2], [sp(temperature=0.0, frequency_penalty=1.0,
+                                        repetition_penalty=1.5, logit_bias={7: 3.0})],
+                      prompt_token_ids=[[5, 6, 5]])
+    assert full.penalty_history(2) == {5: 0, 6: 0}
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 9] = 5.0
+    sample_once(full, logits, [2])
+    assert full.penalty_history(2) == {5: 0, 6: 0, 9: 1}
+    full.prepare_step(["new"], [2], [sp()])
+    assert full.penalty_history(2) == {}
+    assert full.logit_bias(2) == {}
+
+
+def test_history_of_slot_zero_is_cleared_by_reset_capture_state(full):
+    full.prepare_step(["warm"], [0], [sp(temperature=0.0, frequency_penalty=1.0)])
+    sample_once(full, torch.randn(1, VOCAB), [0])
+    assert full.penalty_history(0)
+    full.reset_capture_state()
+    assert full.penalty_history(0) == {}
+    assert full.slots.owner(0) is None
+
+
+def test_out_of_vocab_bias_raises_and_leaves_state(full):
+    full.prepare_step(["a"], [1], [sp(temperature=0.5)])
+    before = full.slots.table.clone()
+    with pytest.raises(ValueError, match="logit_bias token"):
+        full.prepare_step(["b"], [1], [sp(logit_bias={str(VOCAB + 5): 1.0})])
+    assert torch.equal(full.slots.table, before)
+    assert full.slots.owner(1) == "a"
+
+
+def test_misaligned_lists_raise_and_leave_state(backend):
+    before = backend.slots.table.clone()
+    with pytest.raises(ValueError, match="aligned"):
+        backend.prepare_step(["a", "b"], [1], [sp(), sp()])
+    with pytest.raises(ValueError, match="aligned"):
+        backend.prepare_step(["a", "b"], [1, 2], [sp()])
+    with pytest.raises(ValueError, match="aligned"):
+        backend.prepare_step(["a"], [1], [sp()], prompt_token_ids=[[1], [2]])
+    assert torch.equal(backend.slots.table, before)
+    assert backend.slots.owner(1) is None
+
+
+@pytest.mark.parametrize("bad", [POOL + 1, -1, 10**6])
+def test_pool_index_out_of_range_raises_and_leaves_state(backend, bad):
+    before = backend.slots.table.clone()
+    with pytest.raises(ValueError, match="outside"):
+        backend.prepare_step(["a", "b"], [1, bad], [sp(temperature=0.3), sp()])
+    assert torch.equal(backend.slots.table, before)
+    assert backend.slots.owner(1) is None  # the valid first request was not half-applied
+
+
+def test_invalid_params_in_one_request_leave_others_untouched(backend):
+    before = backend.slots.table.clone()
+    with pytest.raises(ValueError, match="top_p"):
+        backend.prepare_step(["a", "b"], [1, 2], [sp(temperature=0.3), sp(top_p=2.0)])
+    assert torch.equal(backend.slots.table, before)
+
+
+def test_prompt_longer_than_history_capacity_raises(full):
+    small = ts.create_backend("gumbel_full", make_config(penalty_history_capacity=4))
+    with pytest.raises(ValueError, match="penalty_history_capacity"):
+        small.prepare_step(["a"], [1], [sp(repetition_penalty=1.2)],
+                           prompt_token_ids=[list(range(10))])
+
+
+ROUTE_CASES = [
+    ([dict(top_k=-1, top_p=1.0), dict()], "no_filter"),
+    ([dict(top_k=50)], "top_k"),
+    ([dict(top_k=50, top_p=0.9)], "top_k_top_p"),
+    ([dict(top_p=0.9)], "top_p"),
+    ([dict(), dict(top_k=50)], "generic"),
+    ([dict(top_k=50), dict(temperature=0.0)], "top_k"),  # greedy rows fit any route
+    ([dict(top_k=VOCAB)], "no_filter"),                  # k >= V disables top-k
+]
+
+
+@pytest.mark.parametrize("params,route", ROUTE_CASES)
+def test_route_selection(backend, params, route):
+    rids = [f"r{i}" for i in range(len(params))]
+    backend.prepare_step(rids, list(range(1, len(params) + 1)), [sp(**p) for p in params])
+    assert backend.route == route
+
+
+def test_min_p_routes_only_in_full_backend(full):
+    plain = ts.create_backend("gumbel", make_config())
+    plain.prepare_step(["a"], [1], [sp(min_p=0.2)])
+    assert plain.route == "no_filter"  # the plain backend ignores min-p
+    full.prepare_step(["a"], [1], [sp(min_p=0.2)])
+    assert full.route == "min_p"
+    full.prepare_step(["a"], [1], [sp(top_k=64, top_p=0.9, min_p=0.05)])
+    assert full.route == "top_k_top_p_min_p"
+
+
+def test_capture_variants_and_replay_selection(backend):
+    base = (graphs.CUDA_GRAPH_VARIANT_DEFAULT, graphs.CUDA_GRAPH_VARIANT_NO_FILTER,
+            graphs.CUDA_GRAPH_VARIANT_TOP_P, graphs.CUDA_GRAPH_VARIANT_TOP_K,
+            graphs.CUDA_GRAPH_VARIANT_TOP_K_TOP_P)
+    one, four = backend.cuda_graph_capture_variants(1), backend.cuda_graph_capture_variants(4)
+    assert one[:5] == base
+    assert graphs.CUDA_GRAPH_VARIANT_VERIFY_NO_FILTER in four
+    assert graphs.CUDA_GRAPH_VARIANT_VERIFY_NO_FILTER not in one
+
+    cases = [(dict(), 4, "verify_no_filter"), (dict(), 1, "no_filter"),
+             (dict(top_p=0.9), 4, "top_p"), (dict(top_k=50), 4, "top_k"),
+             (dict(top_k=50, top_p=0.9), 4, "top_k_top_p")]
+    for params, n, variant in cases:
+        backend.prepare_step(["a"], [1], [sp(**params)], num_tokens_per_req=n)
+        assert backend.cuda_graph_replay_variant(n) == variant
+        assert variant in backend.cuda_graph_capture_variants(n)
+    backend.prepare_step(["a", "b"], [1, 2], [sp(), sp(top_k=5)])
+    assert backend.cuda_graph_replay_variant(1) == graphs.CUDA_GRAPH_VARIANT_DEFAULT
+
+
+def test_prepare_capture_variant_sets_route(backend):
+    for variant, route in [("top_k", "top_k"), ("top_k_top_p", "top_k_top_p"),
+                           ("top_p", "top_p"), ("verify_no_filter", "no_filter"),
+                           ("default", "generic")]:
+        backend.prepare_capture_variant(bs=1, num_tokens_per_req=4, variant=variant)
+        assert backend.route == route
+    backend.prepare_step(["a"], [1], [sp(top_k=3)])
+    backend.prepare_capture(bs=1)
+    assert backend.route == "generic"
+    with pytest.raises(ValueError, match="variant"):
+        backend.prepare_capture_variant(bs=1, num_tokens_per_req=1, variant="nope")
+
+
+def test_full_min_p_variants(full):
+    variants = full.cuda_graph_capture_variants(4)
+    assert graphs.CUDA_GRAPH_VARIANT_MIN_P in variants
+    assert graphs.CUDA_GRAPH_VARIANT_TOP_K_TOP_P_MIN_P in variants
+    full.prepare_step(["a"], [1], [sp(min_p=0.2)], num_tokens_per_req=4)
+    assert full.cuda_graph_replay_variant(4) == graphs.CUDA_GRAPH_VARIANT_MIN_P
+
+
+def test_num_tokens_per_req_beyond_config_raises(backend):
+    with pytest.raises(ValueError, match="num_tokens_per_req"):
+        backend.prepare_step(["a"], [1], [sp()], num_tokens_per_req=5)
+
+
+def test_sample_rejects_logits_on_wrong_shape_or_dtype(backend):
+    backend.prepare_step(["a"], [1], [sp()])
+    with pytest.raises(ValueError, match="vocab_size"):
+        sample_once(backend, torch.randn(1, VOCAB + 1), [1])
+    with pytest.raises(TypeError, match="dtype"):
+        sample_once(backend, torch.randn(1, VOCAB).double(), [1])
+    with pytest.raises(ValueError, match="max_bs"):
+        sample_once(backend, torch.randn(5, VOCAB), [1] * 5)
+
+
+def test_packed_output_d2h(backend):
+    backend.prepare_step(["a", "b"], [1, 2], [sp(), sp()])
+    tokens, lengths, _ = sample_once(backend, torch.randn(2, VOCAB), [1, 2])
+    t, l = backend.sample(ts.LogitsProcessorOutput(torch.randn(2, VOCAB)),
+                          ts.SamplingBatchInfo(torch.tensor([1, 2], dtype=torch.int32),
+                                               torch.zeros(POOL + 1, dtype=torch.int32), VOCAB, "cpu"))
+    packed = backend.get_packed_output_d2h(t, l)
+    assert packed is not None
+    assert torch.equal(packed[0], t) and torch.equal(packed[1], l)
+    assert backend.get_packed_output_d2h(t.clone(), l.clone()) is None
