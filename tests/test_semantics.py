@@ -1,0 +1,269 @@
+"""DESIGN §3–§4 on the CPU kernels: penalties, invariance, verify, logprobs, edge cases."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import tokensampler as ts
+
+from reference import chi_square_pvalue, filtered_probs, penalized
+
+
+def make(name="gumbel_full", V=100, bs=4, pool=8, n=4, **cfg):
+    return ts.create_backend(name, ts.SamplingBackendConfig(
+        max_bs=bs, max_draft_tokens_per_req=n, max_req_pool_size=pool, vocab_size=V,
+        device="cpu", **cfg))
+
+
+def info(slots, lengths, pool=8, V=100, draft_probs=None):
+    cache = torch.zeros(pool + 1, dtype=torch.int32)
+    for s, t in zip(slots, lengths):
+        cache[s] = t
+    return ts.SamplingBatchInfo(torch.tensor(slots, dtype=torch.int32), cache, V, "cpu",
+                                draft_probs=draft_probs)
+
+
+def sample(backend, logits, slots, lengths, pool=8):
+    out = ts.LogitsProcessorOutput(logits)
+    tokens, _ = backend.sample(out, info(slots, lengths, pool, logits.size(1)))
+    return tokens.clone(), out
+
+
+# ---------------------------------------------------------------- penalties, step by step
+PENALTY_CASES = [
+    dict(repetition_penalty=1.8),
+    dict(frequency_penalty=0.9),
+    dict(presence_penalty=1.5),
+    dict(repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.4,
+         logit_bias={7: 0.8, 11: -0.5}),
+]
+
+
+@pytest.mark.parametrize("params", PENALTY_CASES)
+def test_greedy_trajectory_with_penalties_matches_step_by_step_reference(params):
+    V, steps = 40, 30
+    backend = make(V=V)
+    prompt = [3, 5, 8, 5]
+    backend.prepare_step(["a"], [2], [ts.SamplingParams(temperature=0.0, **params)],
+                         prompt_token_ids=[prompt])
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(V, generator=g)  # one peaked distribution: penalties must steer away
+    counts: dict[int, int] = {}
+    for step in range(steps):
+        logits = (base + 0.05 * torch.randn(V, generator=g)).unsqueeze(0)
+        token, _ = sample(backend, logits, [2], [len(prompt) + step])
+        l = penalized(logits[0].double().numpy(), counts, prompt,
+                      params.get("repetition_penalty", 1.0), params.get("frequency_penalty", 0.0),
+                      params.get("presence_penalty", 0.0), params.get("logit_bias"))
+        assert int(token) == int(np.argmax(l)), f"step {step}"
+        counts[int(token)] = counts.get(int(token), 0) + 1
+    assert len(counts) > 1, "the penalties never changed the argmax; the test is too weak"
+
+
+# ---------------------------------------------------------------- invariance
+def test_batch_invariance_across_rows_slots_and_batch_sizes():
+    V = 500
+    sp = ts.SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=77)
+    row = torch.randn(V)
+    alone = make("gumbel", V=V, bs=8)
+    alone.prepare_step(["x"], [1], [sp])
+    ref, _ = sample(alone, row.unsqueeze(0), [1], [123])
+    big = make("gumbel", V=V, bs=8)
+    others = [ts.SamplingParams(temperature=1.0, seed=i) for i in range(7)]
+    big.prepare_step([f"o{i}" for i in range(7)] + ["x"], [1, 2, 3, 4, 5, 6, 7, 8], others + [sp])
+    logits = torch.randn(8, V)
+    logits[7] = row
+    tokens, _ = sample(big, logits, list(range(1, 9)), [5] * 7 + [123])
+    assert int(tokens[7]) == int(ref[0])
+    # the same row again, in a mixed (generic route) batch at another row index
+    mixed = make("gumbel", V=V, bs=8)
+    mixed.prepare_step(["x", "k"], [3, 4], [sp, ts.SamplingParams(top_k=2, seed=1)])
+    assert mixed.route == "generic"
+    tokens, _ = sample(mixed, torch.stack([row, torch.randn(V)]), [3, 4], [123, 9])
+    assert int(tokens[0]) == int(ref[0])
+
+
+def test_different_positions_and_seeds_give_independent_draws():
+    V = 1000
+    backend = make("gumbel", V=V, bs=4)
+    backend.prepare_step(["a", "b"], [1, 2], [ts.SamplingParams(seed=1), ts.SamplingParams(seed=2)])
+    logits = torch.zeros(2, V)
+    draws = {tuple(sample(backend, logits, [1, 2], [t, t])[0].tolist()) for t in range(20)}
+    assert len(draws) == 20
+    assert all(a != b for a, b in draws)
+
+
+# ---------------------------------------------------------------- verify
+def decode_then_verify(params, n=4, V=80, penalties_prompt=None):
+    g = torch.Generator().manual_seed(3)
+    L = torch.randn(n, V, generator=g) * 2
+    t0 = 10
+    plain = make(V=V)
+    plain.prepare_step(["a"], [1], [ts.SamplingParams(seed=5, **params)],
+                       prompt_token_ids=[penalties_prompt])
+    decoded = [int(sample(plain, L[j:j + 1], [1], [t0 + j])[0]) for j in range(n)]
+    spec = make(V=V)
+    spec.prepare_step(["a"], [1], [ts.SamplingParams(seed=5, **params)], num_tokens_per_req=n,
+                      prompt_token_ids=[penalties_prompt])
+    candidates = torch.tensor([[42] + decoded[:-1]], dtype=torch.int32)
+    predict, accept = spec.verify(ts.LogitsProcessorOutput(L), info([1], [t0]), candidates)
+    return decoded, predict.tolist(), int(accept[0]), plain, spec
+
+
+@pytest.mark.parametrize("params", [
+    dict(temperature=1.0), dict(temperature=0.7, top_k=10, top_p=0.9),
+    dict(temperature=1.0, min_p=0.1, repetition_penalty=1.4, frequency_penalty=0.5),
+])
+def test_plain_decode_equals_verify(params):
+    decoded, predict, accepted, plain, spec = decode_then_verify(params, penalties_prompt=[1, 2])
+    assert accepted == 4
+    assert predict == decoded
+    assert spec.penalty_history(1) == plain.penalty_history(1)
+
+
+def test_verify_rejects_at_first_mismatch():
+    decoded, *_ = decode_then_verify(dict(temperature=1.0))
+    V, n = 80, 4
+    g = torch.Generator().manual_seed(3)
+    L = torch.randn(n, V, generator=g) * 2
+    spec = make(V=V)
+    spec.prepare_step(["a"], [1], [ts.SamplingParams(seed=5)], num_tokens_per_req=n)
+    wrong = (decoded[1] + 1) % V
+    candidates = torch.tensor([[42, decoded[0], wrong, decoded[2]]], dtype=torch.int32)
+    predict, accept = spec.verify(ts.LogitsProcessorOutput(L), info([1], [10]), candidates)
+    assert int(accept[0]) == 2
+    assert predict.tolist()[:2] == decoded[:2]  # accepted draft, then the target's own token
+
+
+def test_rejection_sampling_is_lossless():
+    """With draft probabilities, emitted tokens follow the target distribution."""
+    V, n, bs, pool = 12, 2, 200, 200
+    g = torch.Generator().manual_seed(8)
+    target_logits = torch.randn(V, generator=g) * 1.5
+    q = torch.softmax(torch.randn(V, generator=g) * 1.5, -1)
+    backend = make("gumbel", V=V, bs=bs, pool=pool, n=n)
+    slots = list(range(1, bs + 1))
+    backend.prepare_step([f"r{s}" for s in slots], slots,
+                         [ts.SamplingParams(seed=s) for s in slots], num_tokens_per_req=n)
+    first, accepted_total = [], 0
+    for call in range(20):
+        drafts = torch.multinomial(q, bs, replacement=True, generator=g).to(torch.int32)
+        candidates = torch.stack([torch.zeros(bs, dtype=torch.int32), drafts], 1)
+        logits = target_logits.expand(bs * n, V).contiguous()
+        dp = q.expand(bs, n - 1, V).contiguous()
+        predict, accept = backend.verify(
+            ts.LogitsProcessorOutput(logits), info(slots, [call * 3] * bs, pool, V, dp), candidates)
+        first.extend(predict.view(bs, n)[:, 0].tolist())
+        accepted_total += int((accept == 2).sum())
+    probs = filtered_probs(target_logits.double().numpy())
+    assert 0 < accepted_total < 20 * bs
+    assert chi_square_pvalue(np.array(first), probs) > 1e-3
+
+
+# ---------------------------------------------------------------- logprobs
+def test_raw_and_top_logprobs():
+    V = 300
+    backend = make("gumbel", V=V, enable_output_logprobs=True, top_logprobs_num=5)
+    backend.prepare_step(["a", "b"], [1, 2], [ts.SamplingParams(seed=1, top_k=20),
+                                              ts.SamplingParams(temperature=0.0)])
+    logits = torch.randn(2, V)
+    tokens, out = sample(backend, logits, [1, 2], [0, 0])
+    ref = torch.log_softmax(logits.double(), -1)
+    torch.testing.assert_close(out.next_token_logprobs.double(),
+                               ref.gather(1, tokens.long().unsqueeze(1)).squeeze(1),
+                               atol=1e-5, rtol=0)
+    top = ref.topk(5, dim=-1)
+    torch.testing.assert_close(out.next_token_top_logprobs_val.double(), top.values,
+                               atol=1e-5, rtol=0)
+    assert torch.equal(out.next_token_top_logprobs_idx, top.indices)
+
+
+def test_processed_logprobs_are_of_the_sampled_distribution():
+    V = 300
+    backend = make(V=V, enable_output_logprobs=True, logprobs_mode="processed")
+    params = dict(temperature=0.7, top_k=30, top_p=0.8, min_p=0.02)
+    backend.prepare_step(["a", "b"], [1, 2], [ts.SamplingParams(seed=1, **params),
+                                              ts.SamplingParams(temperature=0.0)])
+    logits = torch.randn(2, V) * 2
+    tokens, out = sample(backend, logits, [1, 2], [4, 4])
+    probs = filtered_probs(logits[0].double().numpy(), **params)
+    assert out.next_token_logprobs[0].item() == pytest.approx(math.log(probs[int(tokens[0])]), abs=1e-5)
+    assert out.next_token_logprobs[1].item() == 0.0
+
+
+# ---------------------------------------------------------------- edge cases
+def test_top_k_one_and_tiny_top_p_and_min_p_near_one_are_argmax():
+    V = 257
+    backend = make("gumbel_full", V=V, bs=4)
+    backend.prepare_step(["a", "b", "c"], [1, 2, 3], [
+        ts.SamplingParams(top_k=1, seed=1), ts.SamplingParams(top_p=1e-6, seed=2),
+        ts.SamplingParams(min_p=0.9999, seed=3)])
+    for t in range(10):
+        logits = torch.randn(3, V)
+        tokens, _ = sample(backend, logits, [1, 2, 3], [t] * 3)
+        assert tokens.tolist() == logits.argmax(-1).tolist()
+
+
+def test_top_k_at_least_vocab_equals_no_top_k():
+    V = 97
+    a, b = make("gumbel", V=V), make("gumbel", V=V)
+    a.prepare_step(["x"], [1], [ts.SamplingParams(seed=9, top_k=V)])
+    b.prepare_step(["x"], [1], [ts.SamplingParams(seed=9, top_k=-1)])
+    for t in range(20):
+        logits = torch.randn(1, V)
+        assert torch.equal(sample(a, logits, [1], [t])[0], sample(b, logits, [1], [t])[0])
+
+
+def test_all_minus_inf_rows_return_zero_and_are_flagged():
+    V = 50
+    backend = make("gumbel", V=V)
+    backend.prepare_step(["a", "b", "c"], [1, 2, 3], [ts.SamplingParams(seed=1),
+                                                     ts.SamplingParams(temperature=0.0),
+                                                     ts.SamplingParams(seed=3)])
+    logits = torch.randn(3, V)
+    logits[0] = float("-inf")
+    logits[1] = float("nan")
+    tokens, _ = sample(backend, logits, [1, 2, 3], [0, 0, 0])
+    assert tokens.tolist()[:2] == [0, 0]
+    assert backend.invalid_rows[:3].tolist() == [True, True, False]
+
+
+def test_nan_logits_are_never_sampled():
+    V = 20
+    backend = make("gumbel", V=V, bs=4)
+    backend.prepare_step(["a"], [1], [ts.SamplingParams(seed=1, temperature=5.0)])
+    logits = torch.zeros(1, V)
+    logits[0, ::2] = float("nan")
+    seen = {int(sample(backend, logits, [1], [t])[0]) for t in range(300)}
+    assert seen == set(range(1, V, 2))
+
+
+def test_plus_inf_entries_are_sampled_uniformly():
+    V = 30
+    backend = make("gumbel", V=V, bs=4)
+    backend.prepare_step(["a"], [1], [ts.SamplingParams(seed=1)])
+    logits = torch.randn(1, V)
+    inf_ids = [3, 17, 29]
+    logits[0, inf_ids] = float("inf")
+    samples = np.array([int(sample(backend, logits, [1], [t])[0]) for t in range(1500)])
+    assert set(samples.tolist()) == set(inf_ids)
+    probs = np.zeros(V)
+    probs[inf_ids] = 1 / 3
+    assert chi_square_pvalue(samples, probs) > 1e-3
+
+
+@pytest.mark.parametrize("V", [1, 7, 50257, 151936])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_vocab_sizes_and_dtypes(V, dtype):
+    backend = make("gumbel_full", V=V, bs=3)
+    backend.prepare_step(["a", "b", "c"], [1, 2, 3], [
+        ts.SamplingParams(seed=1, top_k=min(5, V), top_p=0.9),
+        ts.SamplingParams(temperature=0.0), ts.SamplingParams(seed=3, min_p=0.1)])
+    logits = torch.randn(3, V).to(dtype)
+    tokens, _ = sample(backend, logits, [1, 2, 3], [0, 0, 0])
+    assert all(0 <= t < V for t in tokens.tolist())
+    assert int(tokens[1]) == int(logits[1].float().argmax())
+    for r, params in ((0, dict(top_k=min(5, V), top_p=0.9)), (2, dict(min_p=0.1))):
+        assert filtered_probs(logits[r].double().numpy(), **params)[int(tokens[r])] > 0
