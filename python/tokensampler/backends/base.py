@@ -31,7 +31,11 @@ class SamplingBackend(ABC):
 
     def __init__(self, config: SamplingBackendConfig) -> None:
         self.config = config.validate()
-        self.device = config.torch_device
+        device = config.torch_device
+        if device.type == "cuda" and device.index is None:
+            # "cuda" means the current device; compare against tensors' explicit "cuda:N".
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
         rows = config.max_bs * config.max_draft_tokens_per_req
         # Row 0 of `_packed` holds output tokens, row 1 accept lengths: one D2H copy moves both.
         self._packed = torch.zeros((2, rows), dtype=torch.int32, device=self.device)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One call on the lent H200: build tokensampler, run the GPU tests, run the benchmark.
+# Logs and JSON go to $OUT (the device tool brings them back).
+#   bench/device_run.sh [--no-bench] [--bench-args "..."] [--tests "pytest args"]
+# Carry .fi (from ../shared/tools/flashinfer_bundle.sh .fi) to benchmark FlashInfer beside us.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/bench/out}
+mkdir -p "$OUT"
+RUN_BENCH=1
+BENCH_ARGS=""
+TEST_ARGS="-m cuda tests"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-bench) RUN_BENCH=0 ;;
+    --bench-args) BENCH_ARGS="$2"; shift ;;
+    --tests) TEST_ARGS="$2"; shift ;;
+  esac
+  shift
+done
+export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
+
+if [ -d .fi/fi ]; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .fi/whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD/.fi/fi FLASHINFER_WORKSPACE_BASE=/tmp/fiws
+  # FlashInfer JIT-compiles its sampling module (~90 s); overlap it with our build.
+  (python3 -c "import flashinfer.sampling as s; s.get_sampling_module(); print('flashinfer', __import__('flashinfer').__version__, 'ready')" > "$OUT/flashinfer_jit.log" 2>&1) &
+  FI_PID=$!
+fi
+
+start=$(date +%s)
+if ! python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1; then
+  tail -60 "$OUT/build.log"
+  exit 1
+fi
+echo "build: $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu.txt"
+[ -n "${FI_PID:-}" ] && wait "$FI_PID"; [ -f "$OUT/flashinfer_jit.log" ] && tail -2 "$OUT/flashinfer_jit.log"
+
+# The installed wheel is what gets imported (the sources live under python/, not on sys.path).
+python3 -m pytest -q -p no:cacheprovider $TEST_ARGS 2>&1 | tee "$OUT/tests.log" | tail -40
+if [ "$RUN_BENCH" = 1 ]; then
+  python3 bench/benchmark.py --json "$OUT/bench.json" --plot "$OUT/bench.png" $BENCH_ARGS 2>&1 | tee "$OUT/bench.log" | tail -60
+fi

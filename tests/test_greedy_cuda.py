@@ -1,0 +1,56 @@
+"""The greedy backend's CUDA kernel: argmax equals torch.argmax, ties to the lowest index."""
+
+import pytest
+import torch
+
+import tokensampler as ts
+
+pytestmark = pytest.mark.cuda
+
+
+def backend(V, bs=8):
+    return ts.create_backend("greedy", ts.SamplingBackendConfig(
+        max_bs=bs, max_draft_tokens_per_req=4, max_req_pool_size=bs, vocab_size=V, device="cuda"))
+
+
+def info(bs, V):
+    return ts.SamplingBatchInfo(torch.arange(1, bs + 1, dtype=torch.int32, device="cuda"),
+                                torch.zeros(bs + 1, dtype=torch.int32, device="cuda"), V, "cuda")
+
+
+@pytest.mark.parametrize("V", [1, 7, 1000, 50257, 151936])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_argmax_matches_torch_and_cpu(V, dtype):
+    logits = torch.randn(8, V, device="cuda").to(dtype)
+    tokens, lengths = backend(V).sample(ts.LogitsProcessorOutput(logits), info(8, V))
+    assert tokens.tolist() == logits.float().argmax(-1).tolist()
+    assert lengths.tolist() == [1] * 8
+    cpu = ts.create_backend("greedy", ts.SamplingBackendConfig(
+        max_bs=8, max_req_pool_size=8, vocab_size=V, device="cpu"))
+    cpu_tokens, _ = cpu.sample(ts.LogitsProcessorOutput(logits.cpu()), ts.SamplingBatchInfo(
+        torch.arange(1, 9, dtype=torch.int32), torch.zeros(9, dtype=torch.int32), V, "cpu"))
+    assert tokens.cpu().tolist() == cpu_tokens.tolist()
+
+
+def test_ties_nan_and_all_minus_inf():
+    V = 5000
+    logits = torch.randn(4, V, device="cuda")
+    logits[0, [4000, 17, 999]] = 50.0              # tie -> lowest index 17
+    logits[1, :] = float("nan")
+    logits[1, 4321] = -3.0                          # NaN counts as -inf
+    logits[2, :] = float("-inf")                    # all -inf -> 0
+    logits[3, [10, 4999]] = float("inf")            # +inf tie -> 10
+    tokens, _ = backend(V).sample(ts.LogitsProcessorOutput(logits), info(4, V))
+    assert tokens.tolist() == [17, 4321, 0, 10]
+
+
+def test_greedy_verify_on_cuda():
+    V, n = 3000, 4
+    logits = torch.randn(2 * n, V, device="cuda")
+    target = logits.argmax(-1).to(torch.int32).view(2, n)
+    candidates = torch.stack([torch.tensor([1, 2], device="cuda", dtype=torch.int32),
+                              target[:, 0], target[:, 1], target[:, 2]], 1)
+    candidates[1, 2] = (target[1, 1] + 1) % V
+    predict, accept = backend(V).verify(ts.LogitsProcessorOutput(logits), info(2, V), candidates)
+    assert accept.tolist() == [4, 2]
+    assert predict[:4].tolist() == target[0].tolist()
