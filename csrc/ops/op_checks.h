@@ -67,3 +67,31 @@ inline void check_sample_rows_args(const at::Tensor& logits, const at::Tensor& r
 }
 
 }  // namespace tokensampler
+
+namespace tokensampler {
+
+// Shared checks of penalize_logits (CPU and CUDA).
+inline void check_penalize_args(const at::Tensor& logits, const at::Tensor& req_pool_indices,
+                                const at::Tensor& slot_table, int64_t history_capacity,
+                                int64_t bias_capacity, int64_t tokens_per_req,
+                                const std::optional<at::Tensor>& candidates,
+                                const at::Tensor& out) {
+  check_logits(logits);
+  const auto device = logits.device();
+  const int64_t rows = logits.size(0);
+  TORCH_CHECK_VALUE(tokens_per_req >= 1 && rows % tokens_per_req == 0, "logits rows ", rows,
+                    " is not a multiple of tokens_per_req=", tokens_per_req);
+  check_int32_vector(req_pool_indices, "req_pool_indices", rows / tokens_per_req, device);
+  check_slot_table(slot_table, history_capacity, bias_capacity, device);
+  TORCH_CHECK_TYPE(out.scalar_type() == at::kFloat, "out must be float32");
+  TORCH_CHECK_VALUE(out.sizes() == logits.sizes() && out.is_contiguous() && out.device() == device,
+                    "out must be a contiguous float32 tensor shaped like logits");
+  if (candidates) {
+    TORCH_CHECK_TYPE(candidates->scalar_type() == at::kInt, "candidates must be int32");
+    TORCH_CHECK_VALUE(candidates->dim() == 2 && candidates->size(1) == tokens_per_req &&
+                          candidates->size(0) >= rows / tokens_per_req && candidates->is_contiguous(),
+                      "candidates must be contiguous [bs, ", tokens_per_req, "]");
+  }
+}
+
+}  // namespace tokensampler

@@ -66,20 +66,23 @@ float raw_logprob_given(const RowDistribution& d, double lse, int32_t token) {
 
 }  // namespace
 
+void penalize_row(float* l, const RowContext& ctx) {
+  const SlotRow& s = ctx.slot;
+  for (int32_t i = 0; i < ctx.vocab; ++i) l[i] = sanitize_logit(l[i]);
+  for (const auto& [token, a] : collect_adjustments(ctx)) {
+    if (token < 0 || token >= ctx.vocab) continue;
+    l[token] = penalized_logit(l[token], a.in_history, a.output_count, s.repetition(),
+                               s.frequency(), s.presence(), a.bias);
+  }
+}
+
 RowDistribution filter_row(const float* logits, const RowContext& ctx) {
   RowDistribution d;
   const int32_t V = ctx.vocab;
   d.raw.resize(V);
   for (int32_t i = 0; i < V; ++i) d.raw[i] = sanitize_logit(logits[i]);
   d.processed = d.raw;
-  if (ctx.apply_penalties) {
-    const SlotRow& s = ctx.slot;
-    for (const auto& [token, a] : collect_adjustments(ctx)) {
-      if (token < 0 || token >= V) continue;
-      d.processed[token] = penalized_logit(d.processed[token], a.in_history, a.output_count,
-                                           s.repetition(), s.frequency(), s.presence(), a.bias);
-    }
-  }
+  if (ctx.apply_penalties) penalize_row(d.processed.data(), ctx);
   const std::vector<float>& l = d.processed;
 
   int32_t best = 0;

@@ -29,6 +29,10 @@ struct RowDistribution {
   bool invalid = false;            // no finite and no +inf entry
 };
 
+// Steps 1–4 in place: NaN -> -inf, then repetition / frequency / presence penalties and bias
+// for the tokens of the slot's history, this row's drafts and the bias list.
+void penalize_row(float* l, const RowContext& ctx);
+
 // Builds the row's kept set (steps 1–6).
 RowDistribution filter_row(const float* logits, const RowContext& ctx);
 

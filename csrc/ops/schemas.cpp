@@ -23,6 +23,10 @@ void verify_rejection_meta(const at::Tensor&, const at::Tensor&, const at::Tenso
                            const at::Tensor&, bool, int64_t, at::Tensor&, at::Tensor&,
                            at::Tensor&) {}
 
+void penalize_logits_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                          int64_t, int64_t,
+                          const std::optional<at::Tensor>&, at::Tensor&) {}
+
 void append_history_meta(at::Tensor&, int64_t, int64_t, const at::Tensor&, const at::Tensor&,
                          const at::Tensor&, int64_t) {}
 
@@ -51,6 +55,13 @@ TORCH_LIBRARY(tokensampler, m) {
       "Tensor slot_table, int history_capacity, int bias_capacity, Tensor candidates, "
       "Tensor draft_probs, bool apply_penalties, int route, Tensor(a!) out_predict, "
       "Tensor(b!) out_accept_length, Tensor(c!) out_invalid) -> ()");
+  // DESIGN §3.1–3.4 alone: out = the processed logits (fp32) of every row, i.e. what the
+  // filters of sample_rows see before temperature. Used by backends that sample elsewhere
+  // (flashinfer_full) so their processed logits are identical to gumbel_full's.
+  m.def(
+      "penalize_logits(Tensor logits, Tensor req_pool_indices, Tensor slot_table, "
+      "int history_capacity, int bias_capacity, int tokens_per_req, Tensor? candidates, "
+      "Tensor(a!) out) -> ()");
   // Adds the first accept_length[b] tokens of tokens[b*n : b*n+n] to slot b's output history.
   m.def(
       "append_history(Tensor(a!) slot_table, int history_capacity, int bias_capacity, "
@@ -62,5 +73,6 @@ TORCH_LIBRARY_IMPL(tokensampler, Meta, m) {
   m.impl("sample_rows", &sample_rows_meta);
   m.impl("verify_chain", &verify_chain_meta);
   m.impl("verify_rejection", &verify_rejection_meta);
+  m.impl("penalize_logits", &penalize_logits_meta);
   m.impl("append_history", &append_history_meta);
 }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from .backends.base import SamplingBackend
 from .backends.greedy import GreedySamplingBackend
 from .backends.gumbel import GumbelSamplingBackend
@@ -17,12 +19,33 @@ _BACKENDS: dict[str, type[SamplingBackend]] = {
 }
 
 
-def available_backends() -> list[str]:
-    return list(_BACKENDS)
+# Listed only where FlashInfer imports and a CUDA device is present.
+_FLASHINFER_BACKENDS = ("flashinfer", "flashinfer_full")
+
+
+def _flashinfer_backend(name: str) -> type[SamplingBackend]:
+    from .backends.flashinfer import FlashInferFullSamplingBackend, FlashInferSamplingBackend
+
+    return FlashInferSamplingBackend if name == "flashinfer" else FlashInferFullSamplingBackend
+
+
+def available_backends(config: SamplingBackendConfig | None = None) -> list[str]:
+    """Backend names usable here (for `config`'s device when given, else the current CUDA device)."""
+    from .backends.flashinfer import flashinfer_unavailable_reason
+
+    device = config.torch_device if config is not None else torch.device("cuda")
+    names = list(_BACKENDS)
+    if flashinfer_unavailable_reason(device) is None:
+        names += list(_FLASHINFER_BACKENDS)
+    return names
 
 
 def create_backend(name: str, config: SamplingBackendConfig) -> SamplingBackend:
-    """Builds the backend `name` for `config`. Unknown names raise ValueError listing the names."""
+    """Builds the backend `name` for `config`. Unknown names raise ValueError listing the names;
+    the FlashInfer backends raise ValueError saying why they cannot run here."""
+    if name in _FLASHINFER_BACKENDS:
+        return _flashinfer_backend(name)(config)
     if name not in _BACKENDS:
-        raise ValueError(f"unknown sampling backend {name!r}; available: {available_backends()}")
+        raise ValueError(f"unknown sampling backend {name!r}; known: "
+                         f"{list(_BACKENDS) + list(_FLASHINFER_BACKENDS)}")
     return _BACKENDS[name](config)

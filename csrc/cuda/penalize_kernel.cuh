@@ -1,0 +1,73 @@
+// Sparse penalty and bias update of processed logits (DESIGN §3.2–3.4), one block per row.
+// Each distinct token the row names (slot history, this row's drafts, bias list) is written by
+// exactly one thread, so the update needs no atomics and costs O(history), not O(V).
+#pragma once
+
+#include "tokensampler/row_rules.h"
+#include "tokensampler/slot_layout.h"
+
+namespace tokensampler::cuda {
+
+// Index of `token` in the sorted list, or -1.
+__device__ __forceinline__ int32_t find_sorted(const int32_t* ids, int32_t n, int32_t token) {
+  int32_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int32_t mid = (lo + hi) >> 1;
+    if (ids[mid] < token) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < n && ids[lo] == token ? lo : -1;
+}
+
+__global__ void penalize_rows_kernel(float* __restrict__ out, int32_t vocab,
+                                     const int32_t* __restrict__ req_pool_indices,
+                                     const int32_t* __restrict__ table, int64_t pool_rows,
+                                     SlotLayout layout, int32_t tokens_per_req,
+                                     const int32_t* __restrict__ candidates) {
+  const int64_t r = blockIdx.x;
+  const int32_t b = static_cast<int32_t>(r / tokens_per_req), j = static_cast<int32_t>(r % tokens_per_req);
+  const int32_t slot = req_pool_indices[b];
+  if (slot < 0 || slot >= pool_rows) return;
+  const SlotRow s{table + slot * layout.row_words(), layout};
+  float* row = out + r * vocab;
+  const int32_t* drafts = candidates ? candidates + b * tokens_per_req + 1 : nullptr;
+  const int32_t num_drafts = candidates ? j : 0;
+  const int32_t hist_n = s.history_len(), bias_n = s.bias_len();
+
+  auto draft_count = [&](int32_t token) {
+    int32_t c = 0;
+    for (int32_t d = 0; d < num_drafts; ++d) c += drafts[d] == token;
+    return c;
+  };
+  auto bias_of = [&](int32_t token) {
+    const int32_t at = find_sorted(s.bias_tokens(), bias_n, token);
+    return at >= 0 ? s.bias_value(at) : 0.0f;
+  };
+  auto apply = [&](int32_t token, bool in_history, int32_t count, float bias) {
+    if (token < 0 || token >= vocab) return;
+    row[token] = penalized_logit(row[token], in_history, count, s.repetition(), s.frequency(),
+                                 s.presence(), bias);
+  };
+
+  // History tokens (plus any drafts of the same id).
+  for (int32_t i = threadIdx.x; i < hist_n; i += blockDim.x) {
+    const int32_t token = s.history_tokens()[i];
+    apply(token, true, s.history_counts()[i] + draft_count(token), bias_of(token));
+  }
+  // Drafts not in the history: first occurrence only.
+  for (int32_t d = threadIdx.x; d < num_drafts; d += blockDim.x) {
+    const int32_t token = drafts[d];
+    bool first = true;
+    for (int32_t e = 0; e < d; ++e) first &= drafts[e] != token;
+    if (first && find_sorted(s.history_tokens(), hist_n, token) < 0)
+      apply(token, true, draft_count(token), bias_of(token));
+  }
+  // Bias entries named by neither.
+  for (int32_t i = threadIdx.x; i < bias_n; i += blockDim.x) {
+    const int32_t token = s.bias_tokens()[i];
+    if (find_sorted(s.history_tokens(), hist_n, token) < 0 && draft_count(token) == 0)
+      apply(token, false, 0, s.bias_value(i));
+  }
+}
+
+}  // namespace tokensampler::cuda

@@ -1,0 +1,178 @@
+"""FlashInfer adapter backends: the same contract, slot pools and routes as `gumbel` /
+`gumbel_full`, with FlashInfer's sampling kernels doing the draw.
+
+Switching an engine to tokensampler's own kernels is then a one-word change
+(`create_backend("gumbel_full", cfg)` instead of `create_backend("flashinfer_full", cfg)`).
+
+What these backends give: the same filtered distribution as `gumbel`/`gumbel_full` (the
+processed logits are produced by tokensampler's own `penalize_logits` op, so penalties, bias
+and NaN handling are identical), per-request parameters from the pools, no host sync, one CUDA
+graph per capture variant.
+
+What they do not give: FlashInfer's random numbers are keyed by batch row and a (seed, offset)
+pair, not by (seed, position, token id). We pass each request's seed and position as that pair,
+but the draw still depends on the row the request occupies and on FlashInfer's rejection rounds,
+so there is no batch invariance, plain decode and verify give different (equally distributed)
+tokens, and a request's seed reproduces its tokens only in an identical batch layout.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _C
+from ..batch import LogitsProcessorOutput, SamplingBatchInfo
+from .gumbel import GumbelSamplingBackend
+from .gumbel_full import GumbelFullSamplingBackend
+
+__all__ = ["FlashInferSamplingBackend", "FlashInferFullSamplingBackend", "flashinfer_unavailable_reason"]
+
+_ROUTES_WITH_MIN_P = (_C.Route.MIN_P, _C.Route.TOP_K_TOP_P_MIN_P, _C.Route.GENERIC)
+
+
+def flashinfer_unavailable_reason(device: torch.device) -> str | None:
+    """Why the FlashInfer backends cannot run on `device`, or None if they can."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return (f"the flashinfer backends run on CUDA only; config.device is {device}"
+                + ("" if torch.cuda.is_available() else " and no CUDA device is available"))
+    try:
+        import flashinfer.sampling  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
+        return (f"flashinfer is not importable ({exc.__class__.__name__}: {exc}); "
+                f"install it with `pip install tokensampler[flashinfer]` (flashinfer-python)")
+    return None
+
+
+class _FlashInferMixin:
+    """Replaces the Gumbel kernels of a Gumbel backend with FlashInfer's draws."""
+
+    _FULL: bool
+
+    @staticmethod
+    def _require_flashinfer(config) -> None:
+        reason = flashinfer_unavailable_reason(config.validate().torch_device)
+        if reason is not None:
+            raise ValueError(reason)
+
+    def _init_flashinfer(self) -> None:
+        import flashinfer.sampling as fs
+
+        self._fs = fs
+        cfg = self.config
+        rows = cfg.max_bs * cfg.max_draft_tokens_per_req
+        self._processed = torch.empty((rows, cfg.vocab_size), dtype=torch.float32, device=self.device)
+        self._argmax = torch.empty(rows, dtype=torch.int32, device=self.device)
+        self._emitted = torch.zeros(cfg.max_bs, dtype=torch.int32, device=self.device)
+        self._accepted = torch.zeros(cfg.max_bs, dtype=torch.int32, device=self.device)
+        self._positions = torch.arange(cfg.max_draft_tokens_per_req, device=self.device)
+
+    def _row_params(self, sampling_info: SamplingBatchInfo, n: int):
+        """Per-row (temperature, k, p, min_p, greedy, seed, offset) gathered from the pools."""
+        slots = sampling_info.req_pool_indices.long()
+        positions = sampling_info.valid_cache_lengths.long().index_select(0, slots)
+        if n > 1:
+            slots = slots.repeat_interleave(n)
+            positions = (positions.unsqueeze(1) + self._positions[:n]).reshape(-1)
+        scalars = self.slots.table[:, :9].index_select(0, slots)
+        temperature = scalars[:, 0].view(torch.float32)
+        top_k = scalars[:, 1]
+        greedy = (temperature <= 0) | (top_k == 1)
+        vocab = self.config.vocab_size
+        top_k = torch.where((top_k <= 0) | (top_k >= vocab), torch.full_like(top_k, vocab), top_k)
+        seed = scalars[:, 7:9].contiguous().view(torch.int64).view(-1)
+        return (torch.where(greedy, torch.ones_like(temperature), temperature), top_k,
+                scalars[:, 2].view(torch.float32).contiguous(),
+                scalars[:, 3].view(torch.float32).contiguous(), greedy, seed, positions)
+
+    def _filtered_probs(self, z, top_k, top_p, min_p):
+        """The kept distribution per row: softmax, top-k, top-p, min-p renormalisation."""
+        probs = self._fs.top_k_renorm_probs(torch.softmax(z, -1), top_k)
+        probs = self._fs.top_p_renorm_probs(probs, top_p)
+        if self._FULL:
+            keep = probs >= min_p.unsqueeze(1) * probs.amax(-1, keepdim=True)
+            probs = probs * keep
+            probs = probs / probs.sum(-1, keepdim=True)
+        return probs
+
+    def _draw(self, logits, sampling_info, n, candidates, out):
+        rows = logits.size(0)
+        processed = self._processed[:rows]
+        torch.ops.tokensampler.penalize_logits(
+            logits, sampling_info.req_pool_indices, self.slots.table, self.slots.history_capacity,
+            self.slots.bias_capacity, n, candidates if self._FULL else None, processed)
+        temperature, top_k, top_p, min_p, greedy, seed, offset = self._row_params(sampling_info, n)
+        z = processed / temperature.unsqueeze(1)
+        fs = self._fs
+        if self._route == _C.Route.NO_FILTER:
+            sampled = fs.sampling_from_logits(z, seed=seed, offset=offset)
+        elif self._FULL and self._route in _ROUTES_WITH_MIN_P:
+            probs = torch.softmax(z, -1)
+            probs = fs.top_p_renorm_probs(fs.top_k_renorm_probs(probs, top_k), top_p)
+            sampled = fs.min_p_sampling_from_probs(probs, min_p, seed=seed, offset=offset)
+        else:
+            sampled = fs.top_k_top_p_sampling_from_logits(z, top_k, top_p, seed=seed, offset=offset)
+        argmax = self._argmax[:rows]
+        torch.ops.tokensampler.argmax_rows(processed, argmax)
+        invalid = self.invalid_rows[:rows]
+        torch.eq(processed.amax(-1), float("-inf"), out=invalid)
+        token = torch.where(greedy, argmax, sampled.to(torch.int32))
+        out.copy_(token.masked_fill(invalid, 0))
+        return processed, z, (temperature, top_k, top_p, min_p, greedy, seed, offset)
+
+    def _sample_rows(self, logits, sampling_info, n, candidates, out) -> None:
+        processed, *_ = self._draw(logits, sampling_info, n, candidates, out)
+        if self._logprobs is not None or self._top_values is not None:
+            raw = torch.log_softmax(logits.float().nan_to_num(float("-inf"), float("inf"), float("-inf")), -1)
+            if self._logprobs is not None:
+                self._logprobs[:out.numel()].copy_(raw.gather(1, out.long().unsqueeze(1)).squeeze(1))
+            if self._top_values is not None:
+                top = raw.topk(self._top_values.size(1), dim=-1)
+                self._top_values[:out.numel()].copy_(top.values)
+                self._top_ids[:out.numel()].copy_(top.indices)
+
+    def verify(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo,
+               candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if sampling_info.draft_probs is None:
+            return super().verify(logits_output, sampling_info, candidates)
+        n = candidates.size(-1)
+        logits = self._checked_logits(logits_output, n)
+        rows = logits.size(0)
+        candidates = self._checked_candidates(candidates, rows)
+        bs = candidates.size(0)
+        target = self._target[:rows]
+        _, z, (_, top_k, top_p, min_p, greedy, seed, offset) = self._draw(
+            logits, sampling_info, n, candidates, target)
+        probs = self._filtered_probs(z, top_k, top_p, min_p)
+        one_hot = torch.zeros_like(probs).scatter_(1, target.long().unsqueeze(1), 1.0)
+        probs = torch.where(greedy.unsqueeze(1), one_hot, probs)
+        accepted, emitted = self._accepted[:bs], self._emitted[:bs]
+        accepted.zero_()
+        emitted.zero_()
+        tokens = self._fs.chain_speculative_sampling(
+            sampling_info.draft_probs.float(), candidates[:, 1:], probs.view(bs, n, -1),
+            accepted, emitted, seed=seed.view(bs, n)[:, 0].contiguous(),
+            offset=offset.view(bs, n)[:, 0].contiguous())
+        predict, accept = self._packed[0, :rows], self._packed[1, :bs]
+        predict.copy_(tokens.view(-1).to(torch.int32))
+        torch.add(emitted, 1, out=accept)
+        self._record_history(sampling_info, predict, accept, n)
+        self._publish_logprobs(logits_output, rows)
+        return predict, accept
+
+
+class FlashInferSamplingBackend(_FlashInferMixin, GumbelSamplingBackend):
+    """`gumbel`'s contract (temperature, top-k, top-p, seed) with FlashInfer's draws."""
+
+    def __init__(self, config) -> None:
+        self._require_flashinfer(config)
+        super().__init__(config)
+        self._init_flashinfer()
+
+
+class FlashInferFullSamplingBackend(_FlashInferMixin, GumbelFullSamplingBackend):
+    """`gumbel_full`'s contract (adds min-p, penalties, bias) with FlashInfer's draws."""
+
+    def __init__(self, config) -> None:
+        self._require_flashinfer(config)
+        super().__init__(config)
+        self._init_flashinfer()

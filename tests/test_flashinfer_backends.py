@@ -1,0 +1,143 @@
+"""FlashInfer adapter backends: refusal without CUDA/FlashInfer (CPU, in CI) and, on a GPU with
+FlashInfer, the same contract and distributions as the gumbel backends."""
+
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+import tokensampler as ts
+
+from reference import chi_square_pvalue, filtered_probs, penalized
+
+
+def cfg(device, **kw):
+    fields = dict(max_bs=4, max_draft_tokens_per_req=4, max_req_pool_size=8, vocab_size=64,
+                  device=device)
+    fields.update(kw)
+    return ts.SamplingBackendConfig(**fields)
+
+
+@pytest.mark.parametrize("name", ["flashinfer", "flashinfer_full"])
+def test_cpu_config_is_refused_with_a_reason(name):
+    with pytest.raises(ValueError, match="CUDA only"):
+        ts.create_backend(name, cfg("cpu"))
+    assert name not in ts.available_backends(cfg("cpu"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flashinfer") is not None, reason="flashinfer installed")
+def test_missing_flashinfer_says_what_to_install(monkeypatch):
+    from tokensampler.backends import flashinfer as adapter
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    reason = adapter.flashinfer_unavailable_reason(torch.device("cuda", 0))
+    assert "pip install tokensampler[flashinfer]" in reason
+
+
+needs_fi = pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None,
+                              reason="flashinfer not installed")
+V, ROWS = 64, 256
+
+
+def draw(name, params, row, calls=16, prompt=None, history_steps=()):
+    backend = ts.create_backend(name, cfg("cuda", max_bs=ROWS, max_req_pool_size=ROWS))
+    slots = list(range(1, ROWS + 1))
+    backend.prepare_step([f"r{s}" for s in slots], slots,
+                         [ts.SamplingParams(seed=s, **params) for s in slots],
+                         prompt_token_ids=None if prompt is None else [prompt] * ROWS)
+    info = ts.SamplingBatchInfo(torch.tensor(slots, dtype=torch.int32, device="cuda"),
+                                torch.zeros(ROWS + 1, dtype=torch.int32, device="cuda"), V, "cuda")
+    for forced in history_steps:
+        forcing = torch.full((ROWS, V), -1e4, device="cuda")
+        forcing[:, forced] = 1e4
+        backend.sample(ts.LogitsProcessorOutput(forcing), info)
+    snapshot = backend.slots.table.clone()
+    out = []
+    for call in range(calls):
+        backend.slots.table.copy_(snapshot)
+        info.valid_cache_lengths.fill_(call)
+        tokens, _ = backend.sample(ts.LogitsProcessorOutput(row.cuda().expand(ROWS, V).contiguous()), info)
+        out.append(tokens.cpu().numpy().copy())
+    return np.concatenate(out), backend
+
+
+ROUTES = [
+    ("flashinfer", dict(temperature=1.0)),
+    ("flashinfer", dict(temperature=0.8, top_k=10)),
+    ("flashinfer", dict(temperature=1.1, top_p=0.8)),
+    ("flashinfer", dict(temperature=0.9, top_k=20, top_p=0.7)),
+    ("flashinfer_full", dict(temperature=1.2, min_p=0.1)),
+    ("flashinfer_full", dict(temperature=1.0, top_k=30, top_p=0.9, min_p=0.05)),
+]
+
+
+@pytest.mark.cuda
+@needs_fi
+@pytest.mark.parametrize("name,params", ROUTES)
+def test_adapter_distribution_matches_reference(name, params):
+    row = torch.randn(V, generator=torch.Generator().manual_seed(3)) * 2
+    samples, _ = draw(name, params, row)
+    probs = filtered_probs(row.double().numpy(), **params)
+    assert probs[samples].min() > 0
+    assert chi_square_pvalue(samples, probs) > 1e-3
+
+
+@pytest.mark.cuda
+@needs_fi
+def test_full_adapter_penalties_and_bias_distribution():
+    params = dict(temperature=1.0, top_k=25, repetition_penalty=1.5, frequency_penalty=0.4,
+                  presence_penalty=0.3, logit_bias={3: 2.5, 4: -1.0})
+    row = torch.randn(V, generator=torch.Generator().manual_seed(4)) * 2
+    samples, _ = draw("flashinfer_full", params, row, prompt=[1, 2, 3, 5], history_steps=(2, 7, 7))
+    l = penalized(row.double().numpy(), {2: 1, 7: 2}, [1, 2, 3, 5], 1.5, 0.4, 0.3, {3: 2.5, 4: -1.0})
+    probs = filtered_probs(l, temperature=1.0, top_k=25)
+    assert probs[samples].min() > 0
+    assert chi_square_pvalue(samples, probs) > 1e-3
+
+
+@pytest.mark.cuda
+@needs_fi
+def test_full_adapter_processed_logits_equal_gumbel_full():
+    params = ts.SamplingParams(seed=1, repetition_penalty=1.3, frequency_penalty=0.5,
+                               presence_penalty=0.2, logit_bias={5: 1.0, 9: -2.0})
+    fi = ts.create_backend("flashinfer_full", cfg("cuda"))
+    ref = ts.create_backend("gumbel_full", cfg("cpu"))
+    for b, dev in ((fi, "cuda"), (ref, "cpu")):
+        b.prepare_step(["a"], [1], [params], num_tokens_per_req=4, prompt_token_ids=[[1, 5, 7]])
+    logits = torch.randn(4, V)
+    logits[0, 3] = float("nan")
+    candidates = torch.tensor([[0, 7, 8, 7]], dtype=torch.int32)
+    outs = []
+    for b, dev in ((fi, "cuda"), (ref, "cpu")):
+        out = torch.empty(4, V, device=dev)
+        torch.ops.tokensampler.penalize_logits(
+            logits.to(dev), torch.tensor([1], dtype=torch.int32, device=dev), b.slots.table,
+            b.slots.history_capacity, b.slots.bias_capacity, 4, candidates.to(dev), out)
+        outs.append(out.cpu())
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.cuda
+@needs_fi
+@pytest.mark.parametrize("name", ["flashinfer", "flashinfer_full"])
+def test_adapter_graph_capture_every_variant(name):
+    backend = ts.create_backend(name, cfg("cuda"))
+    info = ts.SamplingBatchInfo(torch.arange(1, 5, dtype=torch.int32, device="cuda"),
+                                torch.zeros(9, dtype=torch.int32, device="cuda"), V, "cuda")
+    logits = torch.randn(4, V, device="cuda")
+    for variant in backend.cuda_graph_capture_variants(1):
+        backend.prepare_capture_variant(bs=4, num_tokens_per_req=1, variant=variant)
+        out = ts.LogitsProcessorOutput(logits)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            backend.sample(out, info)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            tokens, _ = backend.sample(out, info)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert ((tokens >= 0) & (tokens < V)).all()
+    backend.reset_capture_state()
