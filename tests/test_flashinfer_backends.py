@@ -113,7 +113,7 @@ def test_full_adapter_processed_logits_equal_gumbel_full():
         out = torch.empty(4, V, device=dev)
         torch.ops.tokensampler.penalize_logits(
             logits.to(dev), torch.tensor([1], dtype=torch.int32, device=dev), b.slots.table,
-            b.slots.history_capacity, b.slots.bias_capacity, 4, candidates.to(dev), out)
+            b.slots.history_capacity, b.slots.bias_capacity, 4, candidates.to(dev), 0, out)
         outs.append(out.cpu())
     assert torch.equal(outs[0], outs[1])
 

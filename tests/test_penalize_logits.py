@@ -28,7 +28,7 @@ def test_penalize_logits_matches_reference_with_drafts():
     out = torch.empty(n, V)
     torch.ops.tokensampler.penalize_logits(
         logits, torch.tensor([2], dtype=torch.int32), backend.slots.table,
-        backend.slots.history_capacity, backend.slots.bias_capacity, n, candidates, out)
+        backend.slots.history_capacity, backend.slots.bias_capacity, n, candidates, 0, out)
     for j in range(n):
         counts = {6: 1}
         for d in candidates[0, 1:j + 1].tolist():

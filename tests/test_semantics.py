@@ -41,15 +41,16 @@ PENALTY_CASES = [
 ]
 
 
+@pytest.mark.parametrize("shift", [0.0, -6.0], ids=["mixed_sign", "negative_logits"])
 @pytest.mark.parametrize("params", PENALTY_CASES)
-def test_greedy_trajectory_with_penalties_matches_step_by_step_reference(params):
+def test_greedy_trajectory_with_penalties_matches_step_by_step_reference(params, shift):
     V, steps = 40, 30
     backend = make(V=V)
     prompt = [3, 5, 8, 5]
     backend.prepare_step(["a"], [2], [ts.SamplingParams(temperature=0.0, **params)],
                          prompt_token_ids=[prompt])
     g = torch.Generator().manual_seed(1)
-    base = torch.randn(V, generator=g)  # one peaked distribution: penalties must steer away
+    base = torch.randn(V, generator=g) + shift  # penalties must steer away from repeats
     counts: dict[int, int] = {}
     for step in range(steps):
         logits = (base + 0.05 * torch.randn(V, generator=g)).unsqueeze(0)
@@ -121,6 +122,24 @@ def test_plain_decode_equals_verify(params):
     assert accepted == 4
     assert predict == decoded
     assert spec.penalty_history(1) == plain.penalty_history(1)
+
+
+def test_verify_rows_see_earlier_drafts_in_their_penalties():
+    """Row j of a verify must be penalised for drafts 1..j, exactly as plain decoding is for
+    the tokens it already produced: a strong frequency penalty forbids repeating token 5."""
+    V, n = 30, 4
+    logits = torch.zeros(n, V)
+    logits[:, 5], logits[:, 6], logits[:, 7], logits[:, 8] = 9.0, 8.5, 8.0, 7.6
+    params = ts.SamplingParams(seed=1, temperature=0.05, frequency_penalty=2.0)
+    plain = make(V=V)
+    plain.prepare_step(["a"], [1], [params])
+    decoded = [int(sample(plain, logits[j:j + 1], [1], [j])[0]) for j in range(n)]
+    assert decoded == [5, 6, 7, 8]
+    spec = make(V=V)
+    spec.prepare_step(["a"], [1], [params], num_tokens_per_req=n)
+    candidates = torch.tensor([[0] + decoded[:-1]], dtype=torch.int32)
+    predict, accept = spec.verify(ts.LogitsProcessorOutput(logits), info([1], [0]), candidates)
+    assert int(accept[0]) == n and predict.tolist() == decoded
 
 
 def test_verify_rejects_at_first_mismatch():

@@ -23,7 +23,8 @@ __global__ void penalize_rows_kernel(float* __restrict__ out, int32_t vocab,
                                      const int32_t* __restrict__ req_pool_indices,
                                      const int32_t* __restrict__ table, int64_t pool_rows,
                                      SlotLayout layout, int32_t tokens_per_req,
-                                     const int32_t* __restrict__ candidates) {
+                                     const int32_t* __restrict__ candidates,
+                                     int32_t vocab_offset) {
   const int64_t r = blockIdx.x;
   const int32_t b = static_cast<int32_t>(r / tokens_per_req), j = static_cast<int32_t>(r % tokens_per_req);
   const int32_t slot = req_pool_indices[b];
@@ -44,9 +45,10 @@ __global__ void penalize_rows_kernel(float* __restrict__ out, int32_t vocab,
     return at >= 0 ? s.bias_value(at) : 0.0f;
   };
   auto apply = [&](int32_t token, bool in_history, int32_t count, float bias) {
-    if (token < 0 || token >= vocab) return;
-    row[token] = penalized_logit(row[token], in_history, count, s.repetition(), s.frequency(),
-                                 s.presence(), bias);
+    const int32_t i = token - vocab_offset;  // columns may be a vocabulary shard
+    if (i < 0 || i >= vocab) return;
+    row[i] = penalized_logit(row[i], in_history, count, s.repetition(), s.frequency(),
+                             s.presence(), bias);
   };
 
   // History tokens (plus any drafts of the same id).

@@ -16,7 +16,7 @@ namespace {
 void penalize_logits(const at::Tensor& logits, const at::Tensor& req_pool_indices,
                      const at::Tensor& slot_table, int64_t history_capacity, int64_t bias_capacity,
                      int64_t tokens_per_req, const std::optional<at::Tensor>& candidates,
-                     at::Tensor& out) {
+                     int64_t vocab_offset, at::Tensor& out) {
   check_penalize_args(logits, req_pool_indices, slot_table, history_capacity, bias_capacity,
                       tokens_per_req, candidates, out);
   const int64_t rows = logits.size(0);
@@ -29,7 +29,7 @@ void penalize_logits(const at::Tensor& logits, const at::Tensor& req_pool_indice
       out.data_ptr<float>(), static_cast<int32_t>(logits.size(1)),
       req_pool_indices.data_ptr<int32_t>(), slot_table.data_ptr<int32_t>(), slot_table.size(0),
       layout, static_cast<int32_t>(tokens_per_req),
-      candidates ? candidates->data_ptr<int32_t>() : nullptr);
+      candidates ? candidates->data_ptr<int32_t>() : nullptr, static_cast<int32_t>(vocab_offset));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

@@ -95,3 +95,26 @@ inline void check_penalize_args(const at::Tensor& logits, const at::Tensor& req_
 }
 
 }  // namespace tokensampler
+
+namespace tokensampler {
+
+// Shared checks of gumbel_noise (CPU and CUDA).
+inline void check_gumbel_noise_args(const at::Tensor& seeds, const at::Tensor& positions,
+                                    const at::Tensor& token_ids, const at::Tensor& out) {
+  const auto device = token_ids.device();
+  TORCH_CHECK_TYPE(seeds.scalar_type() == at::kLong && positions.scalar_type() == at::kLong,
+                   "seeds and positions must be int64");
+  TORCH_CHECK_TYPE(token_ids.scalar_type() == at::kInt, "token_ids must be int32");
+  TORCH_CHECK_TYPE(out.scalar_type() == at::kFloat, "out must be float32");
+  TORCH_CHECK_VALUE(token_ids.dim() == 2 && token_ids.is_contiguous(), "token_ids must be contiguous [rows, C]");
+  const int64_t rows = token_ids.size(0);
+  TORCH_CHECK_VALUE(seeds.dim() == 1 && seeds.numel() == rows && seeds.is_contiguous() &&
+                        positions.dim() == 1 && positions.numel() == rows && positions.is_contiguous(),
+                    "seeds and positions must be contiguous [", rows, "]");
+  TORCH_CHECK_VALUE(out.sizes() == token_ids.sizes() && out.is_contiguous(),
+                    "out must be contiguous and shaped like token_ids");
+  TORCH_CHECK_VALUE(seeds.device() == device && positions.device() == device && out.device() == device,
+                    "seeds, positions, token_ids and out must be on one device");
+}
+
+}  // namespace tokensampler

@@ -13,7 +13,7 @@ namespace {
 void penalize_logits(const at::Tensor& logits, const at::Tensor& req_pool_indices,
                      const at::Tensor& slot_table, int64_t history_capacity, int64_t bias_capacity,
                      int64_t tokens_per_req, const std::optional<at::Tensor>& candidates,
-                     at::Tensor& out) {
+                     int64_t vocab_offset, at::Tensor& out) {
   check_penalize_args(logits, req_pool_indices, slot_table, history_capacity, bias_capacity,
                       tokens_per_req, candidates, out);
   out.copy_(logits);
@@ -32,7 +32,8 @@ void penalize_logits(const at::Tensor& logits, const at::Tensor& req_pool_indice
       }
       const RowContext ctx{SlotRow{slot_table.data_ptr<int32_t>() + slot * layout.row_words(), layout},
                            0, V, cand ? cand + b * tokens_per_req + 1 : nullptr,
-                           cand ? static_cast<int32_t>(j) : 0, true};
+                           cand ? static_cast<int32_t>(j) : 0, true,
+                           static_cast<int32_t>(vocab_offset)};
       penalize_row(row, ctx);
     }
   });

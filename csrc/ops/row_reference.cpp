@@ -70,9 +70,10 @@ void penalize_row(float* l, const RowContext& ctx) {
   const SlotRow& s = ctx.slot;
   for (int32_t i = 0; i < ctx.vocab; ++i) l[i] = sanitize_logit(l[i]);
   for (const auto& [token, a] : collect_adjustments(ctx)) {
-    if (token < 0 || token >= ctx.vocab) continue;
-    l[token] = penalized_logit(l[token], a.in_history, a.output_count, s.repetition(),
-                               s.frequency(), s.presence(), a.bias);
+    const int32_t i = token - ctx.vocab_offset;
+    if (i < 0 || i >= ctx.vocab) continue;
+    l[i] = penalized_logit(l[i], a.in_history, a.output_count, s.repetition(), s.frequency(),
+                           s.presence(), a.bias);
   }
 }
 

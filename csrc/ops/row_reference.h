@@ -17,6 +17,7 @@ struct RowContext {
   const int32_t* drafts;       // candidates[b, 1..j]: tokens before this verify row, or null
   int32_t num_drafts;
   bool apply_penalties;
+  int32_t vocab_offset = 0;    // first token id of the row's columns (vocab-parallel shards)
 };
 
 // The filtered distribution of one row.

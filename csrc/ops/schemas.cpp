@@ -24,8 +24,11 @@ void verify_rejection_meta(const at::Tensor&, const at::Tensor&, const at::Tenso
                            at::Tensor&) {}
 
 void penalize_logits_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
-                          int64_t, int64_t,
-                          const std::optional<at::Tensor>&, at::Tensor&) {}
+                          int64_t, int64_t, const std::optional<at::Tensor>&, int64_t,
+                          at::Tensor&) {}
+
+void gumbel_noise_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                       at::Tensor&) {}
 
 void append_history_meta(at::Tensor&, int64_t, int64_t, const at::Tensor&, const at::Tensor&,
                          const at::Tensor&, int64_t) {}
@@ -57,10 +60,16 @@ TORCH_LIBRARY(tokensampler, m) {
       "Tensor(b!) out_accept_length, Tensor(c!) out_invalid) -> ()");
   // DESIGN §3.1–3.4 alone: out = the processed logits (fp32) of every row, i.e. what the
   // filters of sample_rows see before temperature. Used by backends that sample elsewhere
-  // (flashinfer_full) so their processed logits are identical to gumbel_full's.
+  // (flashinfer_full) so their processed logits are identical to gumbel_full's. The columns
+  // may be a vocabulary shard starting at token vocab_offset (vocab-parallel sampling).
   m.def(
       "penalize_logits(Tensor logits, Tensor req_pool_indices, Tensor slot_table, "
       "int history_capacity, int bias_capacity, int tokens_per_req, Tensor? candidates, "
+      "int vocab_offset, Tensor(a!) out) -> ()");
+  // Gumbel noise G(seed[r], position[r], token_ids[r, c]) of DESIGN §3.7 for given tokens:
+  // lets code outside the kernels (vocab-parallel sampling) reproduce the kernels' scores.
+  m.def(
+      "gumbel_noise(Tensor seeds, Tensor positions, Tensor token_ids, int stream, "
       "Tensor(a!) out) -> ()");
   // Adds the first accept_length[b] tokens of tokens[b*n : b*n+n] to slot b's output history.
   m.def(
@@ -74,5 +83,6 @@ TORCH_LIBRARY_IMPL(tokensampler, Meta, m) {
   m.impl("verify_chain", &verify_chain_meta);
   m.impl("verify_rejection", &verify_rejection_meta);
   m.impl("penalize_logits", &penalize_logits_meta);
+  m.impl("gumbel_noise", &gumbel_noise_meta);
   m.impl("append_history", &append_history_meta);
 }

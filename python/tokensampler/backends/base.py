@@ -98,12 +98,19 @@ class SamplingBackend(ABC):
         return host[0, :output_tokens.numel()], host[1, :output_lengths.numel()]
 
     def maybe_broadcast(self, *tensors: torch.Tensor) -> None:
-        """Broadcasts each tensor from tp_group[0] so all attention-TP ranks agree. No-op
-        without a TP group. Graph-safe (collectives only, no host sync)."""
+        """Broadcasts the tensors from tp_group[0] so all attention-TP ranks agree. No-op
+        without a TP group. Outputs this backend returned (tokens, accept lengths) live in one
+        packed buffer and travel in a single collective; anything else is broadcast on its
+        own. Graph-safe: collectives only, no host sync."""
         if self._tp_group is None:
             return
+        packed = self._packed.untyped_storage().data_ptr()
+        own = [t for t in tensors if t.untyped_storage().data_ptr() == packed]
+        if own:
+            dist.broadcast(self._packed, src=self._tp_src, group=self._tp_group)
         for t in tensors:
-            dist.broadcast(t, src=self._tp_src, group=self._tp_group)
+            if t.untyped_storage().data_ptr() != packed:
+                dist.broadcast(t, src=self._tp_src, group=self._tp_group)
 
     # ---- the work ----
     @abstractmethod

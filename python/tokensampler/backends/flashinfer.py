@@ -99,7 +99,7 @@ class _FlashInferMixin:
         processed = self._processed[:rows]
         torch.ops.tokensampler.penalize_logits(
             logits, sampling_info.req_pool_indices, self.slots.table, self.slots.history_capacity,
-            self.slots.bias_capacity, n, candidates if self._FULL else None, processed)
+            self.slots.bias_capacity, n, candidates if self._FULL else None, 0, processed)
         temperature, top_k, top_p, min_p, greedy, seed, offset = self._row_params(sampling_info, n)
         z = processed / temperature.unsqueeze(1)
         fs = self._fs

@@ -51,6 +51,7 @@ class GumbelSamplingBackend(SamplingBackend):
             bias_capacity=config.logit_bias_capacity if full else 0,
             with_min_p=full, device=str(self.device))
         self._route = _C.Route.GENERIC
+        self.step_max_top_k = config.vocab_size
         self._logprobs_mode = LOGPROBS_MODES.index(config.logprobs_mode)
 
     # ---- pool views (one int32 table; floats stored as bits) ----
@@ -95,6 +96,11 @@ class GumbelSamplingBackend(SamplingBackend):
             None if p is None else [int(t) for t in p] for p in prompt_token_ids]
         self._route = self.slots.prepare_step(
             [str(r) for r in request_ids], [int(i) for i in request_pool_indices], params, prompts)
+        vocab = self.config.vocab_size
+        # Largest top-k of the step's sampled rows (V when a row has none): host-side, so
+        # callers such as vocab-parallel sampling can size candidate sets without a sync.
+        self.step_max_top_k = max((p.top_k if 0 < p.top_k < vocab else vocab
+                                   for p in params if p.temperature > 0 and p.top_k != 1), default=1)
 
     def prepare_capture(self, bs: int, num_tokens_per_req: int = 1) -> None:
         # Warm-up runs against pool row 0; the default graph must serve any mix of filters.

@@ -1,0 +1,184 @@
+// Launch code of sample_rows on CUDA (device code in sample_kernel.cuh).
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "../ops/op_checks.h"
+#include "sample_kernel.cuh"
+
+namespace tokensampler::cuda {
+
+namespace {
+
+struct SampleArgs {
+  int64_t row_stride;
+  int32_t vocab;
+  const int32_t* req_pool_indices;
+  const int32_t* valid_cache_lengths;
+  const int32_t* slot_table;
+  int64_t pool_rows;
+  SlotLayout layout;
+  int32_t tokens_per_req;
+  const int32_t* candidates;
+  bool apply_penalties;
+  int32_t logprobs_mode;
+  int32_t* out_tokens;
+  bool* out_invalid;
+  float* out_logprobs;
+  float* out_top_values;
+  int64_t* out_top_ids;
+  int32_t top_n;
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kSampleThreads)
+    sample_rows_kernel(const T* __restrict__ logits, SampleArgs a) {
+  __shared__ SampleSmem sm;
+  const int64_t r = blockIdx.x;
+  const int64_t b = r / a.tokens_per_req, j = r % a.tokens_per_req;
+  const int32_t slot = a.req_pool_indices[b];
+  if (slot < 0 || slot >= a.pool_rows) {  // untrusted index: flag the row, touch nothing
+    if (threadIdx.x == 0) {
+      a.out_tokens[r] = 0;
+      a.out_invalid[r] = true;
+    }
+    return;
+  }
+  const T* x = logits + r * a.row_stride;
+  const RowInput row = make_row(a.slot_table + static_cast<int64_t>(slot) * a.layout.row_words(),
+                                a.layout, int64_t{a.valid_cache_lengths[slot]} + j,
+                                a.candidates ? a.candidates + b * a.tokens_per_req + 1 : nullptr,
+                                static_cast<int32_t>(j), a.vocab, a.apply_penalties);
+  const bool want_raw = (a.out_logprobs != nullptr && a.logprobs_mode != 1) || a.top_n > 0;
+  const RowPlan p = plan_row(x, row, sm, want_raw);
+  const bool want_processed = a.out_logprobs != nullptr && a.logprobs_mode == 1;
+
+  int32_t token = 0;
+  double total = 1.0;
+  if (p.kind == kRowGreedy) {
+    token = p.best;
+  } else if (p.kind == kRowFilter && p.fused) {
+    token = p.fused_token;
+  } else if (p.kind != kRowInvalid) {
+    token = kept_sample(x, row, p, sm, want_processed, &total).i;
+  }
+  if (threadIdx.x == 0) {
+    a.out_tokens[r] = token;
+    a.out_invalid[r] = p.kind == kRowInvalid;
+    if (a.out_logprobs != nullptr) {
+      float lp;
+      if (a.logprobs_mode == 1) {
+        if (p.kind == kRowInvalid) {
+          lp = kNegInf;
+        } else if (p.kind == kRowGreedy) {
+          lp = 0.0f;
+        } else if (p.kind == kRowInf) {
+          lp = static_cast<float>(-log(total));
+        } else {
+          const float z = scaled_logit(load_processed(x, row, sm, token), row.temperature);
+          if (p.fused) {
+            lp = static_cast<float>(static_cast<double>(z) - p.fused_zmax -
+                                    log(static_cast<double>(p.fused_zsum)));
+          } else {
+            lp = static_cast<float>(static_cast<double>(z) - p.z_max - log(total));
+          }
+        }
+      } else {
+        lp = raw_logprob_of(p, load_raw(x, token));
+      }
+      a.out_logprobs[r] = lp;
+    }
+  }
+  if (a.top_n > 0) {
+    // The N largest raw values in rank order, one block argmax per rank.
+    Best prev{0.0f, -1};
+    for (int32_t n = 0; n < a.top_n; ++n) {
+      Best best{kNegInf, kNoId};
+      for (int32_t i = threadIdx.x; i < a.vocab; i += kSampleThreads) {
+        const float v = load_raw(x, i);
+        if (prev.i >= 0 && !ranks_before(prev.v, prev.i, v, i)) continue;
+        best = better(best, Best{v, i});
+      }
+      best = block_best(best, sm);
+      if (best.i >= a.vocab) best.i = 0;
+      if (threadIdx.x == 0) {
+        a.out_top_ids[r * a.top_n + n] = best.i;
+        a.out_top_values[r * a.top_n + n] = raw_logprob_of(p, best.v);
+      }
+      prev = best;
+    }
+  }
+}
+
+void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
+                 const at::Tensor& valid_cache_lengths, const at::Tensor& slot_table,
+                 int64_t history_capacity, int64_t bias_capacity, int64_t tokens_per_req,
+                 const std::optional<at::Tensor>& candidates, bool apply_penalties,
+                 int64_t logprobs_mode, int64_t /*route*/, at::Tensor& out_tokens,
+                 at::Tensor& out_invalid, const std::optional<at::Tensor>& out_logprobs,
+                 const std::optional<at::Tensor>& out_top_values,
+                 const std::optional<at::Tensor>& out_top_ids) {
+  check_sample_rows_args(logits, req_pool_indices, valid_cache_lengths, slot_table,
+                         history_capacity, bias_capacity, tokens_per_req, candidates, out_tokens,
+                         out_invalid);
+  const int64_t rows = logits.size(0);
+  const int64_t top_n = out_top_values ? out_top_values->size(1) : 0;
+  if (out_logprobs) {
+    TORCH_CHECK_TYPE(out_logprobs->scalar_type() == at::kFloat, "out_logprobs must be float32");
+    TORCH_CHECK_VALUE(out_logprobs->is_contiguous() && out_logprobs->numel() >= rows &&
+                          out_logprobs->device() == logits.device(),
+                      "out_logprobs must be contiguous with ", rows, " rows on ", logits.device());
+  }
+  if (top_n > 0) {
+    TORCH_CHECK_VALUE(out_top_ids.has_value(), "out_top_ids is required with out_top_values");
+    TORCH_CHECK_TYPE(out_top_values->scalar_type() == at::kFloat &&
+                         out_top_ids->scalar_type() == at::kLong,
+                     "out_top_values must be float32 and out_top_ids int64");
+    TORCH_CHECK_VALUE(out_top_values->is_contiguous() && out_top_ids->is_contiguous() &&
+                          out_top_values->size(0) >= rows && out_top_ids->numel() >= rows * top_n &&
+                          out_top_values->device() == logits.device() &&
+                          out_top_ids->device() == logits.device(),
+                      "out_top_values / out_top_ids must be contiguous [rows, N] on ",
+                      logits.device());
+  }
+  TORCH_CHECK_VALUE(out_invalid.is_contiguous(), "out_invalid must be contiguous");
+  if (rows == 0) return;
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  SampleArgs a;
+  a.row_stride = logits.stride(0);
+  a.vocab = static_cast<int32_t>(logits.size(1));
+  a.req_pool_indices = req_pool_indices.data_ptr<int32_t>();
+  a.valid_cache_lengths = valid_cache_lengths.data_ptr<int32_t>();
+  a.slot_table = slot_table.data_ptr<int32_t>();
+  a.pool_rows = slot_table.size(0);
+  a.layout = SlotLayout{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity)};
+  a.tokens_per_req = static_cast<int32_t>(tokens_per_req);
+  a.candidates = candidates ? candidates->data_ptr<int32_t>() : nullptr;
+  a.apply_penalties = apply_penalties;
+  a.logprobs_mode = static_cast<int32_t>(logprobs_mode);
+  a.out_tokens = out_tokens.data_ptr<int32_t>();
+  a.out_invalid = out_invalid.data_ptr<bool>();
+  a.out_logprobs = out_logprobs ? out_logprobs->data_ptr<float>() : nullptr;
+  a.out_top_values = top_n > 0 ? out_top_values->data_ptr<float>() : nullptr;
+  a.out_top_ids = top_n > 0 ? out_top_ids->data_ptr<int64_t>() : nullptr;
+  a.top_n = static_cast<int32_t>(top_n);
+  auto launch = [&](auto tag) {
+    using scalar_t = decltype(tag);
+    sample_rows_kernel<scalar_t><<<rows, kSampleThreads, 0, stream>>>(
+          logits.data_ptr<scalar_t>(), a);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  switch (logits.scalar_type()) {
+    case at::kFloat: launch(float{}); break;
+    case at::kHalf: launch(at::Half{}); break;
+    default: launch(at::BFloat16{}); break;  // check_logits allows only these three
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(tokensampler, CUDA, m) { m.impl("sample_rows", &sample_rows); }
+
+}  // namespace tokensampler::cuda

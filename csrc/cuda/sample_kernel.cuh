@@ -1,0 +1,618 @@
+// Device code of sample_rows and verify_rejection: DESIGN §3 for one logits row per block.
+//
+// One block of 1024 threads owns a row. Pass 1 reads the row once and yields the processed
+// argmax (greedy), the +inf count, raw log-sum-exp stats and, for rows without filters, the
+// Gumbel-max sample itself (noise fused into the pass, one Philox call per 4 tokens). Rows
+// with filters express every filter as a prefix of the rank order (z desc, id asc): top-k and
+// top-p boundaries are found by radix select over order-preserving keys of z (11/11/10-bit
+// digits, shared-memory histograms of counts and exp-masses), ties at a boundary split by id
+// with an ordered block scan; min-p is a threshold. A last pass samples over the kept set.
+// Penalties: a 65536-bit filter in shared memory marks candidate tokens; a marked token is
+// looked up in the slot's sorted history / bias lists and this row's drafts.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cub/block/block_scan.cuh>
+
+#include "tokensampler/rng.h"
+#include "tokensampler/row_rules.h"
+#include "tokensampler/slot_layout.h"
+
+namespace tokensampler::cuda {
+
+constexpr int kSampleThreads = 1024;
+constexpr int kSampleWarps = kSampleThreads / 32;
+constexpr int kBitmapWords = 2048;  // 65536 bits
+constexpr int kBins = 2048;
+constexpr int32_t kNoId = 0x7FFFFFFF;
+constexpr uint32_t kAllKey = 0xFFFFFFFFu;
+
+enum RowKind : int { kRowInvalid = 0, kRowGreedy = 1, kRowInf = 2, kRowFilter = 3 };
+
+struct SampleSmem {
+  uint32_t bitmap[kBitmapWords];
+  int32_t counts[kBins];
+  float masses[kBins];
+  float red_f[32];
+  float red_f2[32];
+  int32_t red_i[32];
+  double red_d[32];
+  typename cub::BlockScan<int, kSampleThreads>::TempStorage scan_i;
+  typename cub::BlockScan<float, kSampleThreads>::TempStorage scan_f;
+  int32_t found_id;
+  uint32_t sel_digit;
+  int32_t sel_cgt;
+  int32_t sel_ceq;
+  float sel_mgt;
+};
+
+struct Best {
+  float v;
+  int32_t i;
+};
+
+__device__ __forceinline__ Best better(Best a, Best b) {
+  return ranks_before(b.v, b.i, a.v, a.i) ? b : a;
+}
+
+// ---- block reductions (every thread gets the result) ----
+__device__ __forceinline__ Best block_best(Best b, SampleSmem& sm) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    b = better(b, Best{__shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.i, o)});
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) {
+    sm.red_f[w] = b.v;
+    sm.red_i[w] = b.i;
+  }
+  __syncthreads();
+  Best r{sm.red_f[lane], sm.red_i[lane]};
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    r = better(r, Best{__shfl_xor_sync(0xffffffffu, r.v, o), __shfl_xor_sync(0xffffffffu, r.i, o)});
+  return r;
+}
+
+__device__ __forceinline__ int32_t block_sum_int(int32_t v, SampleSmem& sm) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) sm.red_i[w] = v;
+  __syncthreads();
+  int32_t r = sm.red_i[lane];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+  return r;
+}
+
+__device__ __forceinline__ double block_sum_double(double v, SampleSmem& sm) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) sm.red_d[w] = v;
+  __syncthreads();
+  double r = sm.red_d[lane];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+  return r;
+}
+
+// Online (max, sum exp(x - max)) over finite values.
+__device__ __forceinline__ void merge_ms(float& m, float& s, float m2, float s2) {
+  if (m2 == kNegInf) return;
+  if (m == kNegInf) {
+    m = m2;
+    s = s2;
+  } else if (m2 > m) {
+    s = s * expf(m - m2) + s2;
+    m = m2;
+  } else {
+    s = s + s2 * expf(m2 - m);
+  }
+}
+
+__device__ __forceinline__ void add_ms(float& m, float& s, float x) {
+  if (x == kNegInf) return;
+  if (x > m) {
+    s = (m == kNegInf ? 0.0f : s * expf(m - x)) + 1.0f;
+    m = x;
+  } else {
+    s += expf(x - m);
+  }
+}
+
+__device__ __forceinline__ void block_ms(float& m, float& s, SampleSmem& sm) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    merge_ms(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) {
+    sm.red_f[w] = m;
+    sm.red_f2[w] = s;
+  }
+  __syncthreads();
+  m = sm.red_f[lane];
+  s = sm.red_f2[lane];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    merge_ms(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+}
+
+// ---- the row ----
+struct RowInput {
+  SlotRow slot;
+  int64_t position;
+  const int32_t* drafts;
+  int32_t num_drafts;
+  int32_t vocab;
+  bool penalties;
+  float temperature;
+  int32_t top_k;
+  bool top_k_on;
+  float top_p;
+  float min_p;
+  bool greedy;
+  bool no_filter;
+  uint64_t seed;
+};
+
+__device__ __forceinline__ RowInput make_row(const int32_t* slot_words, SlotLayout layout,
+                                             int64_t position, const int32_t* drafts,
+                                             int32_t num_drafts, int32_t vocab, bool penalties) {
+  RowInput r;
+  r.slot = SlotRow{slot_words, layout};
+  r.position = position;
+  r.drafts = drafts;
+  r.num_drafts = drafts ? num_drafts : 0;
+  r.vocab = vocab;
+  r.penalties = penalties;
+  r.temperature = r.slot.temperature();
+  r.top_k = r.slot.top_k();
+  r.top_k_on = !top_k_disabled(r.top_k, vocab);
+  r.top_p = r.slot.top_p();
+  r.min_p = r.slot.min_p();
+  r.greedy = is_greedy_row(r.temperature, r.top_k);
+  r.no_filter = !r.top_k_on && !(r.top_p < 1.0f) && !(r.min_p > 0.0f);
+  r.seed = r.slot.seed();
+  return r;
+}
+
+template <typename T>
+__device__ __forceinline__ float load_raw(const T* x, int32_t i) {
+  return sanitize_logit(static_cast<float>(x[i]));
+}
+
+__device__ __forceinline__ void build_penalty_filter(const RowInput& row, SampleSmem& sm) {
+  __syncthreads();
+  for (int w = threadIdx.x; w < kBitmapWords; w += kSampleThreads) sm.bitmap[w] = 0u;
+  __syncthreads();
+  if (!row.penalties) return;
+  const int32_t hl = min(max(row.slot.history_len(), 0), row.slot.layout.history_capacity);
+  const int32_t bl = min(max(row.slot.bias_len(), 0), row.slot.layout.bias_capacity);
+  auto mark = [&](int32_t t) {
+    if (t >= 0) atomicOr(&sm.bitmap[(t >> 5) & (kBitmapWords - 1)], 1u << (t & 31));
+  };
+  for (int32_t k = threadIdx.x; k < hl; k += kSampleThreads) mark(row.slot.history_tokens()[k]);
+  for (int32_t k = threadIdx.x; k < bl; k += kSampleThreads) mark(row.slot.bias_tokens()[k]);
+  for (int32_t k = threadIdx.x; k < row.num_drafts; k += kSampleThreads) mark(row.drafts[k]);
+  __syncthreads();
+}
+
+// §3.2–3.4 for token i (l already sanitised).
+__device__ __forceinline__ float processed_logit(const RowInput& row, const SampleSmem& sm,
+                                                 int32_t i, float l) {
+  if (!row.penalties) return l;
+  if (!((sm.bitmap[(i >> 5) & (kBitmapWords - 1)] >> (i & 31)) & 1u)) return l;
+  bool any = false, in_history = false;
+  int32_t count = 0;
+  float bias = 0.0f;
+  {
+    const int32_t hl = min(max(row.slot.history_len(), 0), row.slot.layout.history_capacity);
+    const int32_t* ht = row.slot.history_tokens();
+    int32_t lo = 0, hi = hl;
+    while (lo < hi) {
+      const int32_t mid = (lo + hi) >> 1;
+      if (ht[mid] < i) lo = mid + 1;
+      else hi = mid;
+    }
+    if (lo < hl && ht[lo] == i) {
+      any = in_history = true;
+      count = row.slot.history_counts()[lo];
+    }
+  }
+  for (int32_t k = 0; k < row.num_drafts; ++k) {
+    if (row.drafts[k] == i) {
+      any = in_history = true;
+      count += 1;
+    }
+  }
+  {
+    const int32_t bl = min(max(row.slot.bias_len(), 0), row.slot.layout.bias_capacity);
+    const int32_t* bt = row.slot.bias_tokens();
+    int32_t lo = 0, hi = bl;
+    while (lo < hi) {
+      const int32_t mid = (lo + hi) >> 1;
+      if (bt[mid] < i) lo = mid + 1;
+      else hi = mid;
+    }
+    if (lo < bl && bt[lo] == i) {
+      any = true;
+      bias = row.slot.bias_value(lo);
+    }
+  }
+  if (!any) return l;
+  return penalized_logit(l, in_history, count, row.slot.repetition(), row.slot.frequency(),
+                         row.slot.presence(), bias);
+}
+
+template <typename T>
+__device__ __forceinline__ float load_processed(const T* x, const RowInput& row,
+                                                const SampleSmem& sm, int32_t i) {
+  return processed_logit(row, sm, i, load_raw(x, i));
+}
+
+// Order-preserving key, smaller = ranks earlier (z descending). -0 and +0 share a key.
+__device__ __forceinline__ uint32_t desc_key(float z) {
+  const uint32_t u = float_bits(z == 0.0f ? 0.0f : z);
+  const uint32_t asc = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return ~asc;
+}
+
+__device__ __forceinline__ float key_value(uint32_t key) {
+  const uint32_t asc = ~key;
+  return bits_float((asc & 0x80000000u) ? (asc & 0x7FFFFFFFu) : ~asc);
+}
+
+struct RowPlan {
+  int kind;
+  int32_t best;        // argmax of the processed logits
+  float z_max;         // filter rows; 0 for greedy / +inf rows
+  uint32_t k_key;      // top-k boundary: kept iff key < k_key or (== and id <= k_id)
+  int32_t k_id;
+  uint32_t p_key;      // top-p boundary
+  int32_t p_id;
+  float tau;           // min-p threshold on z
+  int32_t inf_cut;     // +inf rows: keep +inf ids <= inf_cut
+  int32_t inf_keep;    // +inf rows: kept count
+  // raw stats (when requested)
+  float raw_max, raw_sum;
+  int32_t raw_inf;
+  // rows without filters: the sample, fused into pass 1
+  bool fused;
+  int32_t fused_token;
+  float fused_zmax, fused_zsum;
+};
+
+// Kept set membership and z of token i with processed logit l.
+__device__ __forceinline__ bool kept_z(const RowPlan& p, const RowInput& row, int32_t i, float l,
+                                       float& z) {
+  if (p.kind == kRowGreedy) {
+    z = 0.0f;
+    return i == p.best;
+  }
+  if (p.kind == kRowInf) {
+    z = 0.0f;
+    return l == INFINITY && i <= p.inf_cut;
+  }
+  if (p.kind != kRowFilter || l == kNegInf) return false;
+  z = scaled_logit(l, row.temperature);
+  const uint32_t key = desc_key(z);
+  return (key < p.k_key || (key == p.k_key && i <= p.k_id)) &&
+         (key < p.p_key || (key == p.p_key && i <= p.p_id)) && z >= p.tau;
+}
+
+// The id of the `target`-th (0-based) token, in id order, for which pred(i) holds.
+template <typename Pred>
+__device__ int32_t ordered_select(int32_t V, int32_t target, Pred pred, SampleSmem& sm) {
+  constexpr int kItems = 4;
+  __syncthreads();
+  if (threadIdx.x == 0) sm.found_id = -1;
+  __syncthreads();
+  int32_t running = 0;
+  for (int32_t base = 0; base < V; base += kSampleThreads * kItems) {
+    const int32_t start = base + threadIdx.x * kItems;
+    int cnt = 0;
+#pragma unroll
+    for (int q = 0; q < kItems; ++q)
+      if (start + q < V && pred(start + q)) ++cnt;
+    int excl, total;
+    cub::BlockScan<int, kSampleThreads>(sm.scan_i).ExclusiveSum(cnt, excl, total);
+    if (cnt > 0 && running + excl <= target && target < running + excl + cnt) {
+      int32_t seen = running + excl;
+      for (int q = 0; q < kItems; ++q) {
+        if (start + q < V && pred(start + q)) {
+          if (seen == target) {
+            sm.found_id = start + q;
+            break;
+          }
+          ++seen;
+        }
+      }
+    }
+    __syncthreads();
+    const int32_t found = sm.found_id;
+    if (found >= 0) return found;
+    running += total;
+  }
+  return kNoId;
+}
+
+struct Boundary {
+  uint32_t key;
+  int32_t id;
+  float total;  // mass (exp(z - z_max)) of the kept prefix
+};
+
+// Radix select over the finite tokens' keys. Count mode: the prefix of `count` tokens. Mass
+// mode: the top-p prefix for limit (limit < 0: p * total mass of all finite tokens).
+template <typename T>
+__device__ Boundary radix_select(const T* x, const RowInput& row, float z_max, SampleSmem& sm,
+                                 bool mass_mode, int32_t count, float p, float limit,
+                                 bool need_mass) {
+  const int32_t V = row.vocab;
+  uint32_t prefix = 0, pmask = 0;
+  int32_t c_gt = 0;
+  float m_gt = 0.0f, total_all = 0.0f;
+  need_mass = need_mass || mass_mode;
+  for (int level = 0; level < 3; ++level) {
+    const int shift = level == 0 ? 21 : level == 1 ? 10 : 0;
+    const int nbins = level == 2 ? 1024 : 2048;
+    __syncthreads();
+    for (int b = threadIdx.x; b < nbins; b += kSampleThreads) {
+      sm.counts[b] = 0;
+      sm.masses[b] = 0.0f;
+    }
+    if (threadIdx.x == 0) sm.sel_digit = 0xFFFFFFFFu;
+    __syncthreads();
+    for (int32_t i = threadIdx.x; i < V; i += kSampleThreads) {
+      const float l = load_processed(x, row, sm, i);
+      if (l == kNegInf) continue;
+      const float z = scaled_logit(l, row.temperature);
+      const uint32_t key = desc_key(z);
+      if ((key & pmask) != prefix) continue;
+      const int d = (key >> shift) & (nbins - 1);
+      atomicAdd(&sm.counts[d], 1);
+      if (need_mass) atomicAdd(&sm.masses[d], expf(f_sub(z, z_max)));
+    }
+    __syncthreads();
+    const int per = (nbins + kSampleThreads - 1) / kSampleThreads;
+    const int lo = min(static_cast<int>(threadIdx.x) * per, nbins);
+    const int hi = min(lo + per, nbins);
+    int lc = 0;
+    float lm = 0.0f;
+    for (int d = lo; d < hi; ++d) {
+      lc += sm.counts[d];
+      lm += sm.masses[d];
+    }
+    int excl_c, total_c;
+    float excl_m, total_m;
+    cub::BlockScan<int, kSampleThreads>(sm.scan_i).ExclusiveSum(lc, excl_c, total_c);
+    cub::BlockScan<float, kSampleThreads>(sm.scan_f).ExclusiveSum(lm, excl_m, total_m);
+    if (level == 0) {
+      total_all = total_m;
+      if (mass_mode && limit < 0.0f) limit = f_mul(p, total_all);
+    }
+    {
+      int32_t cb = c_gt + excl_c;
+      float mb = m_gt + excl_m;
+      for (int d = lo; d < hi; ++d) {
+        const int c = sm.counts[d];
+        const float m = sm.masses[d];
+        const bool hit = c > 0 && (mass_mode ? (mb + m >= limit) : (cb + c >= count));
+        if (hit) {
+          atomicMin(&sm.sel_digit, static_cast<uint32_t>(d));
+          break;
+        }
+        cb += c;
+        mb += m;
+      }
+    }
+    __syncthreads();
+    const uint32_t digit = sm.sel_digit;
+    if (digit == 0xFFFFFFFFu) return Boundary{kAllKey, kNoId, total_all};  // keeps every token
+    if (static_cast<int>(digit) >= lo && static_cast<int>(digit) < hi) {
+      int32_t cb = c_gt + excl_c;
+      float mb = m_gt + excl_m;
+      for (int d = lo; d < static_cast<int>(digit); ++d) {
+        cb += sm.counts[d];
+        mb += sm.masses[d];
+      }
+      sm.sel_cgt = cb;
+      sm.sel_mgt = mb;
+      sm.sel_ceq = sm.counts[digit];
+    }
+    __syncthreads();
+    prefix |= digit << shift;
+    pmask |= static_cast<uint32_t>(nbins - 1) << shift;
+    c_gt = sm.sel_cgt;
+    m_gt = sm.sel_mgt;
+  }
+  const int32_t c_eq = sm.sel_ceq;
+  const float e_b = expf(f_sub(key_value(prefix), z_max));
+  int32_t t;
+  if (!mass_mode) {
+    t = count - c_gt;
+  } else {
+    const float need = limit - m_gt;
+    if (!(need > 0.0f)) t = 1;
+    else if (!(e_b > 0.0f)) t = c_eq;
+    else {
+      const float q = need / e_b;
+      t = q >= static_cast<float>(c_eq) ? c_eq : max(1, static_cast<int32_t>(ceilf(q)));
+    }
+  }
+  t = min(max(t, 1), c_eq);
+  const float total = m_gt + static_cast<float>(t) * e_b;
+  int32_t id = kNoId;
+  if (t < c_eq) {
+    const uint32_t bkey = prefix;
+    id = ordered_select(
+        V, t - 1,
+        [&](int32_t i) {
+          const float l = load_processed(x, row, sm, i);
+          return l != kNegInf && desc_key(scaled_logit(l, row.temperature)) == bkey;
+        },
+        sm);
+  }
+  return Boundary{prefix, id, total};
+}
+
+// Steps 1–6 for one row; pass 1 also samples rows without filters (fused Gumbel-max).
+template <typename T>
+__device__ RowPlan plan_row(const T* x, const RowInput& row, SampleSmem& sm, bool want_raw) {
+  const int32_t V = row.vocab;
+  build_penalty_filter(row, sm);
+  RowPlan p;
+  p.k_key = p.p_key = kAllKey;
+  p.k_id = p.p_id = kNoId;
+  p.tau = kNegInf;
+  p.inf_cut = kNoId;
+  p.inf_keep = 0;
+  p.z_max = 0.0f;
+  p.fused = false;
+  p.fused_token = 0;
+  p.fused_zmax = kNegInf;
+  p.fused_zsum = 0.0f;
+  p.raw_max = kNegInf;
+  p.raw_sum = 0.0f;
+  p.raw_inf = 0;
+
+  const bool fuse = !row.greedy && row.no_filter;
+  Best best{kNegInf, kNoId}, score_best{kNegInf, kNoId};
+  int32_t n_inf = 0, raw_inf = 0;
+  float rm = kNegInf, rs = 0.0f, zm = kNegInf, zs = 0.0f;
+  const int32_t groups = (V + 3) >> 2;
+  for (int32_t g = threadIdx.x; g < groups; g += kSampleThreads) {
+    Philox4 w;
+    bool have_words = false;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int32_t i = (g << 2) + q;
+      if (i >= V) break;
+      const float r = load_raw(x, i);
+      if (want_raw) {
+        if (r == INFINITY) ++raw_inf;
+        else add_ms(rm, rs, r);
+      }
+      const float l = processed_logit(row, sm, i, r);
+      best = better(best, Best{l, i});
+      if (l == INFINITY) ++n_inf;
+      if (fuse && l != kNegInf && l != INFINITY) {
+        if (!have_words) {
+          w = random_words(row.seed, row.position, static_cast<uint32_t>(g), kStreamGumbel);
+          have_words = true;
+        }
+        const float z = scaled_logit(l, row.temperature);
+        score_best = better(score_best, Best{f_add(z, gumbel_from_word(w.v[q])), i});
+        add_ms(zm, zs, z);
+      }
+    }
+  }
+  best = block_best(best, sm);
+  n_inf = block_sum_int(n_inf, sm);
+  if (want_raw) {
+    raw_inf = block_sum_int(raw_inf, sm);
+    block_ms(rm, rs, sm);
+    p.raw_max = rm;
+    p.raw_sum = rs;
+    p.raw_inf = raw_inf;
+  }
+  p.best = best.i < V ? best.i : 0;
+  if (best.v == kNegInf) {
+    p.kind = kRowInvalid;
+    return p;
+  }
+  if (row.greedy) {
+    p.kind = kRowGreedy;
+    return p;
+  }
+  if (best.v == INFINITY) {
+    p.kind = kRowInf;
+    const int32_t m = (row.top_k_on && n_inf > row.top_k) ? row.top_k : n_inf;
+    const float mf = static_cast<float>(m);
+    int32_t keep = 0;
+    for (int32_t j = threadIdx.x; j < m; j += kSampleThreads)
+      if (f_div(static_cast<float>(j), mf) < row.top_p) ++keep;
+    keep = max(block_sum_int(keep, sm), 1);
+    p.inf_keep = keep;
+    if (keep < n_inf) {
+      p.inf_cut = ordered_select(
+          V, keep - 1, [&](int32_t i) { return load_processed(x, row, sm, i) == INFINITY; }, sm);
+    }
+    return p;
+  }
+  p.kind = kRowFilter;
+  p.z_max = scaled_logit(best.v, row.temperature);
+  if (fuse) {
+    score_best = block_best(score_best, sm);
+    block_ms(zm, zs, sm);
+    p.fused = true;
+    p.fused_token = score_best.i < V ? score_best.i : 0;
+    p.fused_zmax = zm;
+    p.fused_zsum = zs;
+    return p;
+  }
+  const bool top_p_on = row.top_p < 1.0f;
+  float total_k = -1.0f;
+  if (row.top_k_on) {
+    const Boundary b = radix_select(x, row, p.z_max, sm, false, row.top_k, 0.0f, -1.0f, top_p_on);
+    p.k_key = b.key;
+    p.k_id = b.id;
+    total_k = b.total;
+  }
+  if (top_p_on) {
+    const float limit = row.top_k_on ? f_mul(row.top_p, total_k) : -1.0f;
+    const Boundary b = radix_select(x, row, p.z_max, sm, true, 0, row.top_p, limit, true);
+    p.p_key = b.key;
+    p.p_id = b.id;
+  }
+  p.tau = min_p_threshold(p.z_max, row.min_p);
+  return p;
+}
+
+// Gumbel-max over the kept set (step 7); optionally the kept mass sum exp(z - z_max) in double.
+template <typename T>
+__device__ Best kept_sample(const T* x, const RowInput& row, const RowPlan& p, SampleSmem& sm,
+                            bool want_total, double* total_out) {
+  const int32_t V = row.vocab;
+  Best best{kNegInf, kNoId};
+  double total = 0.0;
+  const int32_t groups = (V + 3) >> 2;
+  for (int32_t g = threadIdx.x; g < groups; g += kSampleThreads) {
+    Philox4 w;
+    bool have_words = false;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int32_t i = (g << 2) + q;
+      if (i >= V) break;
+      float z;
+      const float l = (p.kind == kRowGreedy) ? 0.0f : load_processed(x, row, sm, i);
+      if (!kept_z(p, row, i, l, z)) continue;
+      if (!have_words) {
+        w = random_words(row.seed, row.position, static_cast<uint32_t>(g), kStreamGumbel);
+        have_words = true;
+      }
+      best = better(best, Best{f_add(z, gumbel_from_word(w.v[q])), i});
+      if (want_total) total += exp(static_cast<double>(z) - static_cast<double>(p.z_max));
+    }
+  }
+  best = block_best(best, sm);
+  if (want_total) *total_out = block_sum_double(total, sm);
+  if (best.i >= V) best.i = 0;
+  return best;
+}
+
+// §3.8 raw log-softmax at a token, given the row's raw stats.
+__device__ __forceinline__ float raw_logprob_of(const RowPlan& p, float raw_value) {
+  if (p.raw_inf > 0) return raw_value == INFINITY ? -logf(static_cast<float>(p.raw_inf)) : kNegInf;
+  if (p.raw_max == kNegInf) return kNegInf;
+  const double lse = static_cast<double>(p.raw_max) + log(static_cast<double>(p.raw_sum));
+  return static_cast<float>(static_cast<double>(raw_value) - lse);
+}
+
+}  // namespace tokensampler::cuda

@@ -1,0 +1,276 @@
+// Launch code of verify_chain, verify_rejection and append_history on CUDA (DESIGN §4).
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "../ops/op_checks.h"
+#include "sample_kernel.cuh"
+
+namespace tokensampler::cuda {
+
+namespace {
+
+__global__ void verify_chain_kernel(const int32_t* __restrict__ cand, const int32_t* __restrict__ y,
+                                    int64_t bs, int64_t n, int32_t* __restrict__ predict,
+                                    int32_t* __restrict__ accept) {
+  const int64_t b = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (b >= bs) return;
+  int64_t accepted = 0;
+  while (accepted + 1 < n && cand[b * n + accepted + 1] == y[b * n + accepted]) ++accepted;
+  for (int64_t j = 0; j < n; ++j) predict[b * n + j] = j <= accepted ? y[b * n + j] : -1;
+  accept[b] = static_cast<int32_t>(accepted + 1);
+}
+
+void verify_chain(const at::Tensor& candidates, const at::Tensor& target_tokens,
+                  at::Tensor& out_predict, at::Tensor& out_accept_length) {
+  TORCH_CHECK_VALUE(candidates.dim() == 2, "candidates must be [bs, n], got ", candidates.sizes());
+  const int64_t bs = candidates.size(0), n = candidates.size(1);
+  const auto device = candidates.device();
+  check_int32_vector(candidates.view(-1), "candidates", bs * n, device);
+  check_int32_vector(target_tokens, "target_tokens", bs * n, device);
+  check_int32_vector(out_predict, "out_predict", bs * n, device);
+  check_int32_vector(out_accept_length, "out_accept_length", bs, device);
+  if (bs == 0) return;
+  const c10::cuda::CUDAGuard guard(device);
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  constexpr int kThreads = 128;
+  verify_chain_kernel<<<(bs + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+      candidates.data_ptr<int32_t>(), target_tokens.data_ptr<int32_t>(), bs, n,
+      out_predict.data_ptr<int32_t>(), out_accept_length.data_ptr<int32_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// One thread per request; requests own distinct slots.
+__global__ void append_history_kernel(int32_t* __restrict__ table, SlotLayout layout,
+                                      int64_t pool_rows, const int32_t* __restrict__ slots,
+                                      const int32_t* __restrict__ tokens,
+                                      const int32_t* __restrict__ accept_length, int64_t bs,
+                                      int32_t tokens_per_req) {
+  const int64_t b = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (b >= bs) return;
+  const int32_t slot = slots[b];
+  if (slot < 0 || slot >= pool_rows) return;
+  int32_t* w = table + static_cast<int64_t>(slot) * layout.row_words();
+  const SlotRow row{w, layout};
+  if (row.repetition() == 1.0f && row.frequency() == 0.0f && row.presence() == 0.0f) return;
+  int32_t* ids = w + layout.history_tokens_col();
+  int32_t* counts = w + layout.history_counts_col();
+  const int32_t accepted = min(accept_length[b], tokens_per_req);
+  for (int32_t k = 0; k < accepted; ++k) {
+    const int32_t token = tokens[b * tokens_per_req + k];
+    if (token < 0) continue;
+    const int32_t len = w[kColHistoryLen];
+    int32_t lo = 0, hi = len;
+    while (lo < hi) {
+      const int32_t mid = (lo + hi) >> 1;
+      if (ids[mid] < token) lo = mid + 1;
+      else hi = mid;
+    }
+    if (lo < len && ids[lo] == token) {
+      ++counts[lo];
+    } else if (len < layout.history_capacity) {
+      for (int32_t m = len; m > lo; --m) {
+        ids[m] = ids[m - 1];
+        counts[m] = counts[m - 1];
+      }
+      ids[lo] = token;
+      counts[lo] = 1;
+      w[kColHistoryLen] = len + 1;
+    } else {
+      ++w[kColHistoryDropped];
+    }
+  }
+}
+
+void append_history(at::Tensor& slot_table, int64_t history_capacity, int64_t bias_capacity,
+                    const at::Tensor& req_pool_indices, const at::Tensor& tokens,
+                    const at::Tensor& accept_length, int64_t tokens_per_req) {
+  const auto device = slot_table.device();
+  check_slot_table(slot_table, history_capacity, bias_capacity, device);
+  const int64_t bs = accept_length.numel();
+  check_int32_vector(req_pool_indices, "req_pool_indices", bs, device);
+  check_int32_vector(tokens, "tokens", bs * tokens_per_req, device);
+  check_int32_vector(accept_length, "accept_length", bs, device);
+  if (bs == 0) return;
+  const c10::cuda::CUDAGuard guard(device);
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  constexpr int kThreads = 128;
+  append_history_kernel<<<(bs + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+      slot_table.data_ptr<int32_t>(),
+      SlotLayout{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity)},
+      slot_table.size(0), req_pool_indices.data_ptr<int32_t>(), tokens.data_ptr<int32_t>(),
+      accept_length.data_ptr<int32_t>(), bs, static_cast<int32_t>(tokens_per_req));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+struct RejectionArgs {
+  int64_t row_stride;
+  int32_t vocab;
+  const int32_t* req_pool_indices;
+  const int32_t* valid_cache_lengths;
+  const int32_t* slot_table;
+  int64_t pool_rows;
+  SlotLayout layout;
+  int32_t n;
+  const int32_t* candidates;
+  const float* draft_probs;  // [bs, n-1, V] float32 contiguous
+  bool apply_penalties;
+  int32_t* out_predict;
+  int32_t* out_accept;
+  bool* out_invalid;
+};
+
+// One block per request; its rows run in order until a draft is rejected.
+template <typename T>
+__global__ void __launch_bounds__(kSampleThreads)
+    verify_rejection_kernel(const T* __restrict__ logits, RejectionArgs a) {
+  __shared__ SampleSmem sm;
+  __shared__ int32_t decision;
+  const int64_t b = blockIdx.x;
+  const int32_t n = a.n, V = a.vocab;
+  int32_t* predict = a.out_predict + b * n;
+  bool* invalid = a.out_invalid + b * n;
+  for (int32_t k = threadIdx.x; k < n; k += kSampleThreads) predict[k] = -1;
+  const int32_t slot = a.req_pool_indices[b];
+  if (slot < 0 || slot >= a.pool_rows) {
+    for (int32_t k = threadIdx.x; k < n; k += kSampleThreads) invalid[k] = true;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      predict[0] = 0;
+      a.out_accept[b] = 1;
+    }
+    return;
+  }
+  const int32_t* words = a.slot_table + static_cast<int64_t>(slot) * a.layout.row_words();
+  const int64_t t = a.valid_cache_lengths[slot];
+  const int32_t* cand = a.candidates + b * n;
+  int32_t j = 0;
+  for (; j < n; ++j) {
+    const T* x = logits + (b * n + j) * a.row_stride;
+    const RowInput row = make_row(words, a.layout, t + j, cand + 1, j, V, a.apply_penalties);
+    const RowPlan p = plan_row(x, row, sm, false);
+    if (threadIdx.x == 0) invalid[j] = p.kind == kRowInvalid;
+    if (j == n - 1 || p.kind == kRowInvalid) {
+      int32_t token = 0;
+      if (p.kind == kRowGreedy) token = p.best;
+      else if (p.kind == kRowFilter && p.fused) token = p.fused_token;
+      else if (p.kind != kRowInvalid) token = kept_sample(x, row, p, sm, false, nullptr).i;
+      if (threadIdx.x == 0) predict[j] = token;
+      break;
+    }
+    RowPlan q = p;
+    q.fused = false;  // the kept mass needs its own pass
+    double total = 0.0;
+    kept_sample(x, row, q, sm, true, &total);
+    const int32_t draft = cand[j + 1];
+    const float* qrow = a.draft_probs + (b * (n - 1) + j) * static_cast<int64_t>(V);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double p_draft = 0.0;
+      float q_draft = 0.0f;
+      if (draft >= 0 && draft < V) {
+        q_draft = qrow[draft];
+        float z;
+        const float l = q.kind == kRowGreedy ? 0.0f : load_processed(x, row, sm, draft);
+        if (kept_z(q, row, draft, l, z))
+          p_draft = exp(static_cast<double>(z) - static_cast<double>(q.z_max)) / total;
+      }
+      const double coin = uniform_coin(row.seed, t + j, kStreamAcceptCoin);
+      decision = coin * static_cast<double>(q_draft) < p_draft ? 1 : 0;
+      if (decision) predict[j] = draft;
+    }
+    __syncthreads();
+    if (decision) continue;
+    // Rejected: Gumbel-max draw from normalise(max(p - q, 0)) over the kept set.
+    Best best{kNegInf, kNoId};
+    for (int32_t i = threadIdx.x; i < V; i += kSampleThreads) {
+      float z;
+      const float l = q.kind == kRowGreedy ? 0.0f : load_processed(x, row, sm, i);
+      if (!kept_z(q, row, i, l, z)) continue;
+      const double pi = exp(static_cast<double>(z) - static_cast<double>(q.z_max)) / total;
+      const double residual = pi - static_cast<double>(qrow[i]);
+      if (!(residual > 0.0)) continue;
+      const float score =
+          f_add(static_cast<float>(log(residual)), gumbel_noise(row.seed, t + j, i, kStreamResidual));
+      best = better(best, Best{score, i});
+    }
+    best = block_best(best, sm);
+    int32_t token = best.i;
+    if (token >= V) {
+      if (p.kind == kRowGreedy) token = p.best;
+      else if (p.kind == kRowFilter && p.fused) token = p.fused_token;
+      else token = kept_sample(x, row, p, sm, false, nullptr).i;
+    }
+    if (threadIdx.x == 0) predict[j] = token;
+    break;
+  }
+  __syncthreads();
+  for (int32_t k = j + 1 + threadIdx.x; k < n; k += kSampleThreads) invalid[k] = false;
+  if (threadIdx.x == 0) a.out_accept[b] = min(j, n - 1) + 1;
+}
+
+void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indices,
+                      const at::Tensor& valid_cache_lengths, const at::Tensor& slot_table,
+                      int64_t history_capacity, int64_t bias_capacity,
+                      const at::Tensor& candidates, const at::Tensor& draft_probs,
+                      bool apply_penalties, int64_t /*route*/, at::Tensor& out_predict,
+                      at::Tensor& out_accept_length, at::Tensor& out_invalid) {
+  TORCH_CHECK_VALUE(candidates.dim() == 2, "candidates must be [bs, n], got ", candidates.sizes());
+  const int64_t bs = candidates.size(0), n = candidates.size(1);
+  check_sample_rows_args(logits, req_pool_indices, valid_cache_lengths, slot_table,
+                         history_capacity, bias_capacity, n, candidates, out_predict, out_invalid);
+  const int32_t V = static_cast<int32_t>(logits.size(1));
+  TORCH_CHECK_VALUE(draft_probs.dim() == 3 && draft_probs.size(0) == bs &&
+                        draft_probs.size(1) == n - 1 && draft_probs.size(2) == V,
+                    "draft_probs must be [bs, n-1, V] = [", bs, ", ", n - 1, ", ", V, "], got ",
+                    draft_probs.sizes());
+  TORCH_CHECK_VALUE(draft_probs.device() == logits.device(), "draft_probs is on ",
+                    draft_probs.device(), ", expected ", logits.device());
+  check_int32_vector(out_accept_length, "out_accept_length", bs, logits.device());
+  TORCH_CHECK_VALUE(out_invalid.is_contiguous(), "out_invalid must be contiguous");
+  if (bs == 0) return;
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  // float32 draft probabilities as given are read in place; other dtypes are converted
+  // (stream-ordered caching allocation, graph-safe).
+  const at::Tensor q = draft_probs.scalar_type() == at::kFloat && draft_probs.is_contiguous()
+                           ? draft_probs
+                           : draft_probs.to(at::kFloat).contiguous();
+  RejectionArgs a;
+  a.row_stride = logits.stride(0);
+  a.vocab = V;
+  a.req_pool_indices = req_pool_indices.data_ptr<int32_t>();
+  a.valid_cache_lengths = valid_cache_lengths.data_ptr<int32_t>();
+  a.slot_table = slot_table.data_ptr<int32_t>();
+  a.pool_rows = slot_table.size(0);
+  a.layout = SlotLayout{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity)};
+  a.n = static_cast<int32_t>(n);
+  a.candidates = candidates.data_ptr<int32_t>();
+  a.draft_probs = q.data_ptr<float>();
+  a.apply_penalties = apply_penalties;
+  a.out_predict = out_predict.data_ptr<int32_t>();
+  a.out_accept = out_accept_length.data_ptr<int32_t>();
+  a.out_invalid = out_invalid.data_ptr<bool>();
+  auto launch = [&](auto tag) {
+    using scalar_t = decltype(tag);
+    verify_rejection_kernel<scalar_t><<<bs, kSampleThreads, 0, stream>>>(
+          logits.data_ptr<scalar_t>(), a);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  switch (logits.scalar_type()) {
+    case at::kFloat: launch(float{}); break;
+    case at::kHalf: launch(at::Half{}); break;
+    default: launch(at::BFloat16{}); break;  // check_logits allows only these three
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(tokensampler, CUDA, m) {
+  m.impl("verify_chain", &verify_chain);
+  m.impl("verify_rejection", &verify_rejection);
+  m.impl("append_history", &append_history);
+}
+
+}  // namespace tokensampler::cuda

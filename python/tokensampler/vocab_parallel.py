@@ -1,0 +1,204 @@
+"""Exact sampling from vocabulary-parallel logits, without all-gathering them.
+
+With a vocab-parallel LM head each tensor-parallel rank holds logits for its shard of the
+vocabulary, `[rows, V_rank]` starting at token `vocab_offset`. Because tokensampler's Gumbel
+noise is keyed by the *global* token id, the unsharded sample can be reproduced from a few
+numbers per row:
+
+- no filter / min-p rows: one all-reduce of the row maxima (min-p threshold, +inf detection),
+  then each rank's best `z + G` over its kept tokens, all-gathered and reduced (ties: lowest id);
+- top-k rows (k <= `max_candidates`): each rank's top-k candidates `(z, id)` are all-gathered,
+  and the row is finished over them (top-k, top-p within top-k, min-p, Gumbel-max) by the same
+  kernel that samples unsharded rows, so the token is identical;
+- anything else (top-p without top-k, a mixed batch): the processed rows are all-gathered — exact,
+  and no worse than the usual all-gather-then-sample.
+
+Raw logprobs need the global log-sum-exp: two more small all-reduces. Every rank returns the same
+tokens and records them in its own (replicated) slot state.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+from .backends.gumbel import GumbelSamplingBackend
+from .batch import LogitsProcessorOutput, SamplingBatchInfo
+from .rng_streams import GUMBEL_STREAM
+
+__all__ = ["VocabParallelSampler"]
+
+_LOCAL_ARGMAX_ROUTES = (_C.Route.NO_FILTER, _C.Route.MIN_P)
+_CANDIDATE_ROUTES = (_C.Route.TOP_K, _C.Route.TOP_K_TOP_P, _C.Route.TOP_K_TOP_P_MIN_P)
+
+
+class VocabParallelSampler:
+    """Samples like `backend` from this rank's vocabulary shard.
+
+    `backend` is a `gumbel` or `gumbel_full` backend built for the *global* vocabulary and driven
+    identically on every rank (same prepare_step calls), so its slot state is replicated.
+    """
+
+    def __init__(self, backend: GumbelSamplingBackend, vocab_offset: int, shard_size: int,
+                 group: dist.ProcessGroup | None = None, max_candidates: int = 1024) -> None:
+        if not isinstance(backend, GumbelSamplingBackend):
+            raise TypeError(f"backend must be a gumbel or gumbel_full backend, got {type(backend).__name__}")
+        vocab = backend.config.vocab_size
+        if not (0 <= vocab_offset and shard_size >= 1 and vocab_offset + shard_size <= vocab):
+            raise ValueError(f"shard [{vocab_offset}, {vocab_offset + shard_size}) is outside "
+                             f"the vocabulary [0, {vocab})")
+        self.backend = backend
+        self.vocab_offset = vocab_offset
+        self.shard_size = shard_size
+        self.group = group
+        self.max_candidates = max_candidates
+        self._local_ids = torch.arange(vocab_offset, vocab_offset + shard_size, dtype=torch.int32,
+                                       device=backend.device)
+
+    # ---- collectives ----
+    def _all_reduce(self, t: torch.Tensor, op) -> torch.Tensor:
+        dist.all_reduce(t, op=op, group=self.group)
+        return t
+
+    def _all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        """[world, *t.shape]"""
+        world = dist.get_world_size(self.group)
+        out = [torch.empty_like(t) for _ in range(world)]
+        dist.all_gather(out, t.contiguous(), group=self.group)
+        return torch.stack(out)
+
+    # ---- per-row parameters from the replicated slot table ----
+    def _row_params(self, info: SamplingBatchInfo, n: int):
+        slots = info.req_pool_indices.long()
+        positions = info.valid_cache_lengths.long().index_select(0, slots)
+        if n > 1:
+            slots = slots.repeat_interleave(n)
+            positions = (positions.unsqueeze(1) + torch.arange(n, device=slots.device)).reshape(-1)
+        scalars = self.backend.slots.table[:, :9].index_select(0, slots)
+        temperature = scalars[:, 0].view(torch.float32)
+        top_k = scalars[:, 1]
+        greedy = (temperature <= 0) | (top_k == 1)
+        return (torch.where(greedy, torch.ones_like(temperature), temperature),
+                scalars[:, 3].view(torch.float32), greedy,
+                scalars[:, 7:9].contiguous().view(torch.int64).view(-1), positions)
+
+    # ---- the three exact paths ----
+    def _best_over(self, score: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Global argmax of per-rank (score, id) pairs, ties to the lowest id."""
+        best_score, at = score.max(dim=-1)
+        # among equal maxima, the lowest id
+        tied = score == best_score.unsqueeze(-1)
+        best_id = torch.where(tied, ids, torch.iinfo(torch.int32).max).min(dim=-1).values
+        scores, all_ids = self._all_gather(best_score), self._all_gather(best_id)
+        top = scores.max(dim=0).values
+        return torch.where(scores == top, all_ids, torch.iinfo(torch.int32).max).min(dim=0).values
+
+    def _local_argmax_path(self, z, row_max, min_p, seeds, positions) -> torch.Tensor:
+        ids = self._local_ids.expand_as(z).contiguous()
+        noise = torch.empty_like(z)
+        torch.ops.tokensampler.gumbel_noise(seeds, positions, ids, GUMBEL_STREAM, noise)
+        inf_row = (row_max == float("inf")).unsqueeze(1)
+        threshold = torch.where(min_p > 0, row_max + torch.log(min_p.clamp_min(1e-30)),
+                                torch.full_like(row_max, float("-inf"))).unsqueeze(1)
+        kept = torch.where(inf_row, z == float("inf"), (z >= threshold) & (z > float("-inf")))
+        score = torch.where(kept, torch.where(inf_row, noise, z + noise), float("-inf"))
+        return self._best_over(score, ids)
+
+    def _full_rows(self, processed: torch.Tensor) -> torch.Tensor:
+        """All-gather of processed rows into [rows, V] (shards may differ in size)."""
+        sizes = self._all_gather(torch.tensor([self.vocab_offset, self.shard_size],
+                                              device=processed.device))
+        width = int(sizes[:, 1].max())
+        padded = torch.full((processed.size(0), width), float("-inf"), device=processed.device)
+        padded[:, :self.shard_size] = processed
+        gathered = self._all_gather(padded)
+        full = torch.full((processed.size(0), self.backend.config.vocab_size), float("-inf"),
+                          device=processed.device)
+        for (offset, size), part in zip(sizes.tolist(), gathered):
+            full[:, offset:offset + size] = part[:, :size]
+        return full
+
+    def _candidate_rows(self, processed: torch.Tensor, temperature: torch.Tensor, k: int) -> torch.Tensor:
+        """Rows of -inf holding only every rank's top-k tokens (by z, ties to lower id)."""
+        z = processed / temperature.unsqueeze(1)
+        k = min(k, self.shard_size)
+        # stable sort keeps lower ids first among equal values
+        order = torch.sort(z, dim=-1, descending=True, stable=True).indices[:, :k]
+        values = processed.gather(1, order)
+        ids = self._local_ids[order]
+        all_values, all_ids = self._all_gather(values), self._all_gather(ids)
+        rows = torch.full((processed.size(0), self.backend.config.vocab_size), float("-inf"),
+                          device=processed.device)
+        for v, i in zip(all_values, all_ids):
+            rows.scatter_(1, i.long(), v)
+        return rows
+
+    def _finish(self, rows, info, n, out) -> None:
+        """The unsharded kernel on rows whose penalties are already applied."""
+        b = self.backend
+        count = rows.size(0)
+        torch.ops.tokensampler.sample_rows(
+            rows, info.req_pool_indices, info.valid_cache_lengths, b.slots.table,
+            b.slots.history_capacity, b.slots.bias_capacity, n, None, False, 0, int(b._route),
+            out, b.invalid_rows[:count], None, None, None)
+
+    # ---- public ----
+    def sample_rows(self, shard_logits: torch.Tensor, info: SamplingBatchInfo, n: int = 1,
+                    candidates: torch.Tensor | None = None) -> torch.Tensor:
+        """Tokens int32[rows] for shard logits [rows, shard_size] (rows = bs * n)."""
+        b = self.backend
+        if shard_logits.dim() != 2 or shard_logits.size(1) != self.shard_size:
+            raise ValueError(f"shard logits shape {tuple(shard_logits.shape)} is not "
+                             f"[rows, shard_size={self.shard_size}]")
+        rows = shard_logits.size(0)
+        processed = torch.empty(rows, self.shard_size, dtype=torch.float32, device=shard_logits.device)
+        torch.ops.tokensampler.penalize_logits(
+            shard_logits, info.req_pool_indices, b.slots.table, b.slots.history_capacity,
+            b.slots.bias_capacity, n, candidates if b._FULL else None, self.vocab_offset, processed)
+        temperature, min_p, greedy, seeds, positions = self._row_params(info, n)
+        out = torch.empty(rows, dtype=torch.int32, device=shard_logits.device)
+        route = b._route
+        if route in _LOCAL_ARGMAX_ROUTES:
+            z = processed / temperature.unsqueeze(1)
+            row_max = self._all_reduce(z.amax(dim=1), dist.ReduceOp.MAX)
+            sampled = self._local_argmax_path(z, row_max, min_p if b._FULL else torch.zeros_like(min_p),
+                                              seeds, positions)
+            # greedy rows: argmax of the processed logits, same reduction without noise
+            greedy_best = self._best_over(processed, self._local_ids.expand_as(processed))
+            invalid = row_max == float("-inf")
+            out.copy_(torch.where(greedy, greedy_best, sampled).masked_fill(invalid, 0))
+            b.invalid_rows[:rows].copy_(invalid)
+        elif route in _CANDIDATE_ROUTES and b.step_max_top_k <= self.max_candidates:
+            self._finish(self._candidate_rows(processed, temperature, b.step_max_top_k), info, n, out)
+        else:
+            self._finish(self._full_rows(processed), info, n, out)
+        return out
+
+    def raw_logprobs(self, shard_logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """log-softmax of the raw logits at `tokens`, from two all-reduces of partials."""
+        raw = shard_logits.float().nan_to_num(float("-inf"), float("inf"), float("-inf"))
+        row_max = self._all_reduce(raw.amax(dim=1), dist.ReduceOp.MAX)
+        safe_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+        local = tokens.long() - self.vocab_offset
+        mine = (local >= 0) & (local < self.shard_size)
+        picked = raw.gather(1, local.clamp(0, self.shard_size - 1).unsqueeze(1)).squeeze(1)
+        parts = torch.stack([(raw - safe_max.unsqueeze(1)).exp().sum(1),
+                             torch.where(mine, picked, torch.zeros_like(picked))])
+        total, value = self._all_reduce(parts, dist.ReduceOp.SUM)
+        return value - safe_max - total.log()
+
+    def sample(self, logits_output: LogitsProcessorOutput, info: SamplingBatchInfo
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`backend.sample` for a shard: same tokens on every rank, history recorded."""
+        shard = logits_output.next_token_logits
+        bs = shard.size(0)
+        b = self.backend
+        tokens, lengths = b._packed[0, :bs], b._packed[1, :bs]
+        tokens.copy_(self.sample_rows(shard, info))
+        lengths.fill_(1)
+        b._record_history(info, tokens, lengths, 1)
+        if b._logprobs is not None:
+            b._logprobs[:bs].copy_(self.raw_logprobs(shard, tokens))
+            logits_output.next_token_logprobs = b._logprobs[:bs]
+        return tokens, lengths
