@@ -6,6 +6,7 @@
 
 #include "../ops/op_checks.h"
 #include "sample_kernel.cuh"
+#include "split_row_sample.h"
 
 namespace tokensampler::cuda {
 
@@ -115,7 +116,7 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
                  const at::Tensor& valid_cache_lengths, const at::Tensor& slot_table,
                  int64_t history_capacity, int64_t bias_capacity, int64_t tokens_per_req,
                  const std::optional<at::Tensor>& candidates, bool apply_penalties,
-                 int64_t logprobs_mode, int64_t /*route*/, at::Tensor& out_tokens,
+                 int64_t logprobs_mode, int64_t route, at::Tensor& out_tokens,
                  at::Tensor& out_invalid, const std::optional<at::Tensor>& out_logprobs,
                  const std::optional<at::Tensor>& out_top_values,
                  const std::optional<at::Tensor>& out_top_ids) {
@@ -145,6 +146,12 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
   TORCH_CHECK_VALUE(out_invalid.is_contiguous(), "out_invalid must be contiguous");
   if (rows == 0) return;
   const c10::cuda::CUDAGuard guard(logits.device());
+  const SlotLayout layout{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity)};
+  if (split_row::try_split_row_sample(logits, req_pool_indices, valid_cache_lengths, slot_table,
+                                      layout, tokens_per_req, apply_penalties, logprobs_mode,
+                                      route, out_tokens, out_invalid, out_logprobs, top_n > 0)) {
+    return;
+  }
   const auto stream = at::cuda::getCurrentCUDAStream();
   SampleArgs a;
   a.row_stride = logits.stride(0);

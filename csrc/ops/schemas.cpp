@@ -40,8 +40,9 @@ TORCH_LIBRARY(tokensampler, m) {
   m.def("argmax_rows(Tensor logits, Tensor(a!) out_tokens) -> ()");
   // DESIGN §3 for each logits row r: request b = r // tokens_per_req, j = r % tokens_per_req,
   // slot req_pool_indices[b], position valid_cache_lengths[slot] + j. With candidates, row j
-  // sees drafts candidates[b, 1..j] in its penalty history. route is a hint (which filters
-  // the rows may use) that selects a kernel; it never changes the result.
+  // sees drafts candidates[b, 1..j] in its penalty history. route is a hint that selects a
+  // kernel: low 8 bits the step's route (Route in slot_params.h, which must cover the filters
+  // the rows use), higher bits the step's largest top-k (0: unknown). It never changes tokens.
   m.def(
       "sample_rows(Tensor logits, Tensor req_pool_indices, Tensor valid_cache_lengths, "
       "Tensor slot_table, int history_capacity, int bias_capacity, int tokens_per_req, "

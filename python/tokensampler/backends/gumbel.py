@@ -27,6 +27,11 @@ from .slot_params import to_slot_params
 
 __all__ = ["GumbelSamplingBackend"]
 
+# Largest top-k the CUDA split-row fast path serves (csrc/cuda/split_row_kernel.cuh); steps with
+# a larger k replay the default (generic) graph.
+SPLIT_ROW_MAX_TOP_K = 512
+_TOP_K_ROUTES = (_C.Route.TOP_K, _C.Route.TOP_K_TOP_P, _C.Route.TOP_K_TOP_P_MIN_P)
+
 _VARIANT_ROUTES = {
     CUDA_GRAPH_VARIANT_DEFAULT: _C.Route.GENERIC,
     CUDA_GRAPH_VARIANT_NO_FILTER: _C.Route.NO_FILTER,
@@ -121,9 +126,12 @@ class GumbelSamplingBackend(SamplingBackend):
         if variant not in self.cuda_graph_capture_variants(num_tokens_per_req):
             raise ValueError(f"Unsupported CUDA graph variant: {variant!r}")
         self._route = self._variant_routes()[variant]
+        # A captured top-k graph must serve any k its replays will see.
+        self.step_max_top_k = SPLIT_ROW_MAX_TOP_K
 
     def cuda_graph_replay_variant(self, num_tokens_per_req: int) -> str:
-        if self._route == _C.Route.GENERIC:
+        if self._route == _C.Route.GENERIC or (
+                self._route in _TOP_K_ROUTES and self.step_max_top_k > SPLIT_ROW_MAX_TOP_K):
             return CUDA_GRAPH_VARIANT_DEFAULT
         if self._route == _C.Route.NO_FILTER and num_tokens_per_req > 1:
             return CUDA_GRAPH_VARIANT_VERIFY_NO_FILTER
@@ -139,11 +147,18 @@ class GumbelSamplingBackend(SamplingBackend):
         torch.ops.tokensampler.sample_rows(
             logits, sampling_info.req_pool_indices, sampling_info.valid_cache_lengths,
             self.slots.table, self.slots.history_capacity, self.slots.bias_capacity, n,
-            candidates, self._FULL, self._logprobs_mode, int(self._route), out,
+            candidates, self._FULL, self._logprobs_mode, self._route_hint(), out,
             self.invalid_rows[:rows],
             None if self._logprobs is None else self._logprobs[:rows],
             None if self._top_values is None else self._top_values[:rows],
             None if self._top_ids is None else self._top_ids[:rows])
+
+    def _route_hint(self) -> int:
+        """The kernels' route hint: the route, and for top-k routes the step's largest k."""
+        hint = int(self._route)
+        if self._route in _TOP_K_ROUTES:
+            hint |= min(self.step_max_top_k, self.config.vocab_size) << 8
+        return hint
 
     def _record_history(self, sampling_info, tokens, lengths, n) -> None:
         if self._FULL and self.slots.history_capacity > 0:
@@ -174,7 +189,7 @@ class GumbelSamplingBackend(SamplingBackend):
             torch.ops.tokensampler.verify_rejection(
                 logits, sampling_info.req_pool_indices, sampling_info.valid_cache_lengths,
                 self.slots.table, self.slots.history_capacity, self.slots.bias_capacity,
-                candidates, sampling_info.draft_probs, self._FULL, int(self._route),
+                candidates, sampling_info.draft_probs, self._FULL, self._route_hint(),
                 predict, accept, self.invalid_rows[:rows])
         else:
             target = self._target[:rows]

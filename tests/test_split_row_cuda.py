@@ -1,0 +1,115 @@
+"""The CUDA split-row fast path (no-filter, top-k, top-k+top-p rows) through the public API:
+same tokens as the CPU kernels, eager and under CUDA-graph replay."""
+
+import pytest
+import torch
+
+import tokensampler as ts
+
+pytestmark = pytest.mark.cuda
+
+CASES = {
+    "no_filter": dict(temperature=0.8),
+    "top_k": dict(temperature=0.7, top_k=50),
+    "top_k_512": dict(temperature=1.0, top_k=512),
+    "top_k_top_p": dict(temperature=0.7, top_k=50, top_p=0.9),
+    "top_k_top_p_min_p_free": dict(temperature=1.3, top_k=200, top_p=0.5),
+}
+
+
+def backends(V, bs, n=1, **cfg):
+    out = []
+    for device in ("cpu", "cuda"):
+        out.append(ts.create_backend("gumbel", ts.SamplingBackendConfig(
+            max_bs=bs, max_draft_tokens_per_req=n, max_req_pool_size=bs, vocab_size=V,
+            device=device, **cfg)))
+    return out
+
+
+def run(backend, logits, bs, t0, device, n=1, candidates=None):
+    info = ts.SamplingBatchInfo(torch.arange(1, bs + 1, dtype=torch.int32, device=device),
+                                torch.full((bs + 1,), t0, dtype=torch.int32, device=device),
+                                logits.size(1), device)
+    out = ts.LogitsProcessorOutput(logits.to(device))
+    if n == 1:
+        tokens, _ = backend.sample(out, info)
+    else:
+        tokens, _ = backend.verify(out, info, candidates.to(device))
+    lp = None if out.next_token_logprobs is None else out.next_token_logprobs.cpu().clone()
+    return tokens.cpu().clone(), lp
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("V,bs", [(1000, 1), (50257, 3), (151936, 1), (151936, 64), (7, 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_row_matches_cpu(case, V, bs, dtype):
+    params = dict(CASES[case])
+    if "top_k" in params:
+        params["top_k"] = min(params["top_k"], V - 1) if V > 2 else 1
+    cpu, gpu = backends(V, bs, enable_output_logprobs=True)
+    sps = [ts.SamplingParams(seed=1000 + i, **params) for i in range(bs)]
+    if bs > 2:
+        sps[1] = ts.SamplingParams(temperature=0.0)  # greedy rows ride along on every route
+    for b in (cpu, gpu):
+        b.prepare_step([f"r{i}" for i in range(bs)], list(range(1, bs + 1)), sps)
+    g = torch.Generator().manual_seed(V + bs)
+    agree = total = 0
+    for step in range(4):
+        logits = (torch.randn(bs, V, generator=g) * 2).to(dtype)
+        if step == 2 and bs > 2:
+            logits[0] = float("-inf")
+            logits[2, [3, V - 1]] = float("inf")
+        t_cpu, lp_cpu = run(cpu, logits, bs, 17 + step, "cpu")
+        t_gpu, lp_gpu = run(gpu, logits, bs, 17 + step, "cuda")
+        agree += int((t_cpu == t_gpu).sum())
+        total += bs
+        assert gpu.invalid_rows[:bs].cpu().tolist() == cpu.invalid_rows[:bs].tolist()
+        same = t_cpu == t_gpu
+        torch.testing.assert_close(lp_gpu[same], lp_cpu[same], atol=1e-4, rtol=0)
+    assert agree == total, f"{agree}/{total} rows agree"
+
+
+@pytest.mark.parametrize("case", ["no_filter", "top_k_top_p"])
+def test_split_row_verify_matches_cpu(case):
+    V, bs, n = 151936, 8, 4
+    cpu, gpu = backends(V, bs, n=n)
+    sps = [ts.SamplingParams(seed=7 + i, **CASES[case]) for i in range(bs)]
+    for b in (cpu, gpu):
+        b.prepare_step([f"r{i}" for i in range(bs)], list(range(1, bs + 1)), sps, num_tokens_per_req=n)
+    logits = torch.randn(bs * n, V) * 2
+    candidates = torch.randint(0, V, (bs, n), dtype=torch.int32)
+    t_cpu, _ = run(cpu, logits, bs, 5, "cpu", n, candidates)
+    t_gpu, _ = run(gpu, logits, bs, 5, "cuda", n, candidates)
+    assert torch.equal(t_cpu, t_gpu)
+
+
+@pytest.mark.parametrize("variant,params", [("no_filter", dict(temperature=0.9)),
+                                            ("top_k", dict(temperature=0.9, top_k=40)),
+                                            ("top_k_top_p", dict(temperature=0.9, top_k=300, top_p=0.8))])
+def test_captured_variant_replays_eager_tokens(variant, params):
+    V, bs = 151936, 4
+    _, gpu = backends(V, bs)
+    eager_backend = backends(V, bs)[1]
+    gpu.prepare_capture_variant(bs=bs, num_tokens_per_req=1, variant=variant)
+    logits = torch.randn(bs, V, device="cuda")
+    info = ts.SamplingBatchInfo(torch.arange(1, bs + 1, dtype=torch.int32, device="cuda"),
+                                torch.full((bs + 1,), 3, dtype=torch.int32, device="cuda"), V, "cuda")
+    out = ts.LogitsProcessorOutput(logits)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        gpu.sample(out, info)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tokens, _ = gpu.sample(out, info)
+    sps = [ts.SamplingParams(seed=50 + i, **params) for i in range(bs)]
+    for b in (gpu, eager_backend):
+        b.prepare_step([f"r{i}" for i in range(bs)], list(range(1, bs + 1)), sps)
+    assert gpu.cuda_graph_replay_variant(1) == variant
+    for step in range(3):
+        logits.copy_(torch.randn(bs, V, device="cuda"))
+        info.valid_cache_lengths.fill_(10 + step)
+        graph.replay()
+        expected, _ = eager_backend.sample(ts.LogitsProcessorOutput(logits), info)
+        assert torch.equal(tokens, expected)
