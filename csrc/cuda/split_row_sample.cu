@@ -53,6 +53,16 @@ __device__ void bitonic_sort(Candidate* buf, int n) {
   }
 }
 
+// A raw-logit admission bound for the z-threshold `thr`: l < bound implies l / T < thr (IEEE
+// division is monotone; four ulps below thr * T cover the rounding of both operations), so the
+// hot loop divides only the logits it admits.
+__device__ __forceinline__ float admission_bound(float thr, float temperature) {
+  float bound = f_mul(thr, temperature);
+#pragma unroll
+  for (int s = 0; s < 4; ++s) bound = nextafterf(bound, kNegInf);
+  return bound;
+}
+
 __device__ __forceinline__ int next_pow2(int n) {
   int p = 1;
   while (p < n) p <<= 1;
@@ -67,6 +77,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const T* __restric
   __shared__ int32_t red_n[kChunkThreads / 32];
   __shared__ int32_t buf_count;
   __shared__ float threshold;
+  __shared__ float threshold_raw;
 
   const int64_t r = blockIdx.x / a.splits;
   const int32_t split = blockIdx.x % a.splits;
@@ -86,6 +97,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const T* __restric
   if (threadIdx.x == 0) {
     buf_count = 0;
     threshold = kNegInf;
+    threshold_raw = kNegInf;
   }
   __syncthreads();
 
@@ -94,16 +106,26 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const T* __restric
     float l[4];
     load4(row, i, end, l);
     const float admit = top_k_rows ? threshold : 0.0f;
+    const float admit_raw = top_k_rows ? threshold_raw : 0.0f;
     float z[4];
     float z_max4 = kNegInf;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const bool in_range = i + q < end;
       l[q] = in_range ? sanitize_logit(l[q]) : kNegInf;
-      if (in_range) argmax = best_of(argmax, Candidate{l[q], i + q});
+      // Greedy rows need the argmax; the others only whether any token is finite or +inf.
+      if (p.greedy) {
+        if (in_range) argmax = best_of(argmax, Candidate{l[q], i + q});
+      } else {
+        argmax.z = fmaxf(argmax.z, l[q]);
+      }
       if (l[q] == INFINITY) ++inf_count;
       else if (a.want_raw) merge_lse(raw_m, raw_s, l[q], 1.0f);
-      z[q] = p.greedy ? kNegInf : (l[q] == kNegInf ? kNegInf : scaled_logit(l[q], p.temperature));
+      if (top_k_rows) {
+        z[q] = l[q] > kNegInf && l[q] >= admit_raw ? scaled_logit(l[q], p.temperature) : kNegInf;
+      } else {
+        z[q] = p.greedy || l[q] == kNegInf ? kNegInf : scaled_logit(l[q], p.temperature);
+      }
       z_max4 = fmaxf(z_max4, z[q]);
     }
     if (top_k_rows) {
@@ -120,6 +142,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const T* __restric
         if (threadIdx.x == 0) {
           buf_count = min(buf_count, k);
           threshold = buf[buf_count - 1].z;
+          threshold_raw = admission_bound(threshold, p.temperature);
         }
       }
       __syncthreads();
