@@ -2,7 +2,8 @@
 
 For every route × batch size × dtype it times one sampling step with CUDA-graph replay (median
 over many replays; each graph samples K different logits buffers in turn so they are not served
-from L2) and prints our time, FlashInfer's fastest call with the same semantics, the torch
+from L2) and prints our time, FlashInfer's fastest call with the same semantics, the same step
+through the `flashinfer` / `flashinfer_full` adapter backends (column FI-api), the torch
 reference, the HBM floor (logits bytes / measured copy bandwidth) and the ratios.
 
     python bench/benchmark.py [--bs 1 8 32 128 512] [--dtypes fp32 bf16] [--json f] [--plot f.png]
@@ -60,6 +61,7 @@ class Row:
     flashinfer_us: float | None = None
     flashinfer_call: str | None = None
     torch_us: float | None = None
+    adapter_us: float | None = None           # the flashinfer / flashinfer_full backend, same API
     notes: list = field(default_factory=list)
 
 
@@ -112,11 +114,12 @@ def logits_buffers(rows: int, dtype: torch.dtype) -> list[torch.Tensor]:
     return [torch.randn(rows, VOCAB, device="cuda", generator=g).to(dtype) for _ in range(count)]
 
 
-def ours_step(route: Route, bs: int):
+def ours_step(route: Route, bs: int, backend_name: str | None = None):
+    """One sampling step through the public API of `backend_name` (default: the route's)."""
     n = route.tokens_per_req
     cfg = ts.SamplingBackendConfig(max_bs=bs, max_draft_tokens_per_req=n, max_req_pool_size=bs,
                                    vocab_size=VOCAB, device="cuda")
-    backend = ts.create_backend(route.backend, cfg)
+    backend = ts.create_backend(backend_name or route.backend, cfg)
     slots = list(range(1, bs + 1))
     params = []
     for i in slots:
@@ -206,6 +209,12 @@ def run(bs_list, dtypes, routes, bandwidth) -> list[Row]:
                         best = (t, name)
                 if best:
                     row.flashinfer_us, row.flashinfer_call = best
+                adapter = route.backend.replace("gumbel", "flashinfer")
+                if adapter in ts.available_backends():
+                    try:
+                        row.adapter_us = graph_time_us(ours_step(route, bs, adapter), buffers)
+                    except Exception as exc:  # noqa: BLE001
+                        row.notes.append(f"{adapter} backend failed: {exc!r}"[:200])
                 if route_name in ("top_k_top_p",) and dtype_name == "fp32":
                     row.torch_us = graph_time_us(torch_reference_step(route, rows), buffers[:4])
                 results.append(row)
@@ -216,7 +225,7 @@ def run(bs_list, dtypes, routes, bandwidth) -> list[Row]:
 
 
 HEADER = (f"{'route':<20}{'dtype':<6}{'bs':>5}{'rows':>6}{'floor':>8}{'ours':>9}{'x floor':>8}"
-          f"{'FI':>9}{'ours/FI':>8}{'torch':>9}")
+          f"{'FI':>9}{'ours/FI':>8}{'FI-api':>9}{'torch':>9}")
 
 
 def format_row(r: Row) -> str:
@@ -225,7 +234,8 @@ def format_row(r: Row) -> str:
     ratio_floor = r.ours_us / r.floor_us if r.ours_us else None
     ratio_fi = r.ours_us / r.flashinfer_us if r.ours_us and r.flashinfer_us else None
     return (f"{r.route:<20}{r.dtype:<6}{r.bs:>5}{r.rows:>6}{f(r.floor_us, 8)}{f(r.ours_us)}"
-            f"{f(ratio_floor, 8, 2)}{f(r.flashinfer_us)}{f(ratio_fi, 8, 2)}{f(r.torch_us)}")
+            f"{f(ratio_floor, 8, 2)}{f(r.flashinfer_us)}{f(ratio_fi, 8, 2)}{f(r.adapter_us)}"
+            f"{f(r.torch_us)}")
 
 
 def plot(results: list[Row], path: str) -> None:

@@ -40,3 +40,16 @@ def test_greedy_verify_accepts_matching_prefix():
     assert accept.tolist() == [4, 2]
     assert predict[:4].tolist() == [11, 12, 13, 14]
     assert predict[4:6].tolist() == [21, 22]
+
+
+def test_greedy_logprobs_raw_and_processed():
+    logits = torch.randn(2, VOCAB)
+    for mode, expect in (("raw", None), ("processed", 0.0)):
+        b = ts.create_backend("greedy", make_config(enable_output_logprobs=True, logprobs_mode=mode,
+                                                    top_logprobs_num=3))
+        out = ts.LogitsProcessorOutput(logits)
+        tokens, _ = b.sample(out, batch_info([1, 2]))
+        ref = torch.log_softmax(logits, -1)
+        want = ref.gather(1, tokens.long().unsqueeze(1)).squeeze(1) if expect is None else torch.zeros(2)
+        torch.testing.assert_close(out.next_token_logprobs, want, atol=1e-5, rtol=0)
+        assert torch.equal(out.next_token_top_logprobs_idx, ref.topk(3, -1).indices)

@@ -6,6 +6,7 @@
 
 #include "../ops/op_checks.h"
 #include "argmax_kernel.cuh"
+#include "dispatch_logits.cuh"
 
 namespace tokensampler::cuda {
 
@@ -19,9 +20,10 @@ void argmax_rows(const at::Tensor& logits, at::Tensor& out_tokens) {
   const c10::cuda::CUDAGuard guard(logits.device());
   const auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 1024;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "argmax_rows", [&] {
-    argmax_rows_kernel<scalar_t, kThreads><<<rows, kThreads, 0, stream>>>(
-        logits.data_ptr<scalar_t>(), logits.stride(0), static_cast<int32_t>(logits.size(1)),
+  dispatch_logits_dtype(logits.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    argmax_rows_kernel<T, kThreads><<<rows, kThreads, 0, stream>>>(
+        logits.data_ptr<T>(), logits.stride(0), static_cast<int32_t>(logits.size(1)),
         out_tokens.data_ptr<int32_t>());
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "../ops/op_checks.h"
+#include "dispatch_logits.cuh"
 #include "sample_kernel.cuh"
 #include "split_row_sample.h"
 
@@ -123,27 +124,9 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
   check_sample_rows_args(logits, req_pool_indices, valid_cache_lengths, slot_table,
                          history_capacity, bias_capacity, tokens_per_req, candidates, out_tokens,
                          out_invalid);
+  check_sample_rows_outputs(logits, out_logprobs, out_top_values, out_top_ids);
   const int64_t rows = logits.size(0);
   const int64_t top_n = out_top_values ? out_top_values->size(1) : 0;
-  if (out_logprobs) {
-    TORCH_CHECK_TYPE(out_logprobs->scalar_type() == at::kFloat, "out_logprobs must be float32");
-    TORCH_CHECK_VALUE(out_logprobs->is_contiguous() && out_logprobs->numel() >= rows &&
-                          out_logprobs->device() == logits.device(),
-                      "out_logprobs must be contiguous with ", rows, " rows on ", logits.device());
-  }
-  if (top_n > 0) {
-    TORCH_CHECK_VALUE(out_top_ids.has_value(), "out_top_ids is required with out_top_values");
-    TORCH_CHECK_TYPE(out_top_values->scalar_type() == at::kFloat &&
-                         out_top_ids->scalar_type() == at::kLong,
-                     "out_top_values must be float32 and out_top_ids int64");
-    TORCH_CHECK_VALUE(out_top_values->is_contiguous() && out_top_ids->is_contiguous() &&
-                          out_top_values->size(0) >= rows && out_top_ids->numel() >= rows * top_n &&
-                          out_top_values->device() == logits.device() &&
-                          out_top_ids->device() == logits.device(),
-                      "out_top_values / out_top_ids must be contiguous [rows, N] on ",
-                      logits.device());
-  }
-  TORCH_CHECK_VALUE(out_invalid.is_contiguous(), "out_invalid must be contiguous");
   if (rows == 0) return;
   const c10::cuda::CUDAGuard guard(logits.device());
   const SlotLayout layout{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity)};
@@ -177,11 +160,7 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
           logits.data_ptr<scalar_t>(), a);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  switch (logits.scalar_type()) {
-    case at::kFloat: launch(float{}); break;
-    case at::kHalf: launch(at::Half{}); break;
-    default: launch(at::BFloat16{}); break;  // check_logits allows only these three
-  }
+  dispatch_logits_dtype(logits.scalar_type(), launch);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "dispatch_logits.cuh"
 #include "split_row_kernel.cuh"
 #include "split_row_sample.h"
 
@@ -376,11 +377,7 @@ bool try_split_row_sample(const at::Tensor& logits, const at::Tensor& req_pool_i
     finish_kernel<T><<<rows, kFinishThreads, 0, stream>>>(logits.data_ptr<T>(), a);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  switch (logits.scalar_type()) {
-    case at::kFloat: launch(float{}); break;
-    case at::kHalf: launch(at::Half{}); break;
-    default: launch(at::BFloat16{}); break;
-  }
+  dispatch_logits_dtype(logits.scalar_type(), launch);
   return true;
 }
 

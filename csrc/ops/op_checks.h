@@ -37,6 +37,33 @@ inline void check_slot_table(const at::Tensor& table, int64_t history_capacity,
                     ", expected ", device);
 }
 
+// The optional logprob outputs of sample_rows (CPU and CUDA).
+inline void check_sample_rows_outputs(const at::Tensor& logits,
+                                      const std::optional<at::Tensor>& out_logprobs,
+                                      const std::optional<at::Tensor>& out_top_values,
+                                      const std::optional<at::Tensor>& out_top_ids) {
+  const int64_t rows = logits.size(0);
+  if (out_logprobs) {
+    TORCH_CHECK_TYPE(out_logprobs->scalar_type() == at::kFloat, "out_logprobs must be float32");
+    TORCH_CHECK_VALUE(out_logprobs->is_contiguous() && out_logprobs->numel() >= rows &&
+                          out_logprobs->device() == logits.device(),
+                      "out_logprobs must be contiguous with ", rows, " rows on ", logits.device());
+  }
+  if (out_top_values) {
+    TORCH_CHECK_VALUE(out_top_ids.has_value(), "out_top_ids is required with out_top_values");
+    TORCH_CHECK_TYPE(out_top_values->scalar_type() == at::kFloat &&
+                         out_top_ids->scalar_type() == at::kLong,
+                     "out_top_values must be float32 and out_top_ids int64");
+    TORCH_CHECK_VALUE(out_top_values->dim() == 2 && out_top_values->is_contiguous() &&
+                          out_top_ids->is_contiguous() && out_top_values->size(0) >= rows &&
+                          out_top_ids->numel() >= out_top_values->numel() &&
+                          out_top_values->device() == logits.device() &&
+                          out_top_ids->device() == logits.device(),
+                      "out_top_values / out_top_ids must be contiguous [rows, N] on ",
+                      logits.device());
+  }
+}
+
 // Shared shape checks of sample_rows (CPU and CUDA).
 inline void check_sample_rows_args(const at::Tensor& logits, const at::Tensor& req_pool_indices,
                                    const at::Tensor& valid_cache_lengths,
@@ -55,7 +82,8 @@ inline void check_sample_rows_args(const at::Tensor& logits, const at::Tensor& r
   check_slot_table(slot_table, history_capacity, bias_capacity, device);
   check_int32_vector(out_tokens, "out_tokens", rows, device);
   TORCH_CHECK_TYPE(out_invalid.scalar_type() == at::kBool, "out_invalid must be bool");
-  TORCH_CHECK_VALUE(out_invalid.numel() >= rows && out_invalid.device() == device,
+  TORCH_CHECK_VALUE(out_invalid.numel() >= rows && out_invalid.device() == device &&
+                        out_invalid.is_contiguous(),
                     "out_invalid must hold ", rows, " rows on ", device);
   if (candidates) {
     TORCH_CHECK_TYPE(candidates->scalar_type() == at::kInt, "candidates must be int32");
@@ -115,6 +143,32 @@ inline void check_gumbel_noise_args(const at::Tensor& seeds, const at::Tensor& p
                     "out must be contiguous and shaped like token_ids");
   TORCH_CHECK_VALUE(seeds.device() == device && positions.device() == device && out.device() == device,
                     "seeds, positions, token_ids and out must be on one device");
+}
+
+}  // namespace tokensampler
+
+namespace tokensampler {
+
+// Shared checks of verify_rejection (CPU and CUDA).
+inline void check_verify_rejection_args(const at::Tensor& logits, const at::Tensor& req_pool_indices,
+                                        const at::Tensor& valid_cache_lengths,
+                                        const at::Tensor& slot_table, int64_t history_capacity,
+                                        int64_t bias_capacity, const at::Tensor& candidates,
+                                        const at::Tensor& draft_probs, const at::Tensor& out_predict,
+                                        const at::Tensor& out_accept_length,
+                                        const at::Tensor& out_invalid) {
+  TORCH_CHECK_VALUE(candidates.dim() == 2, "candidates must be [bs, n], got ", candidates.sizes());
+  const int64_t bs = candidates.size(0), n = candidates.size(1);
+  check_sample_rows_args(logits, req_pool_indices, valid_cache_lengths, slot_table,
+                         history_capacity, bias_capacity, n, candidates, out_predict, out_invalid);
+  const int64_t V = logits.size(1);
+  TORCH_CHECK_VALUE(draft_probs.dim() == 3 && draft_probs.size(0) == bs &&
+                        draft_probs.size(1) == n - 1 && draft_probs.size(2) == V,
+                    "draft_probs must be [bs, n-1, V] = [", bs, ", ", n - 1, ", ", V, "], got ",
+                    draft_probs.sizes());
+  TORCH_CHECK_VALUE(draft_probs.device() == logits.device(), "draft_probs is on ",
+                    draft_probs.device(), ", expected ", logits.device());
+  check_int32_vector(out_accept_length, "out_accept_length", bs, logits.device());
 }
 
 }  // namespace tokensampler

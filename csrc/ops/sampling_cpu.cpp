@@ -40,6 +40,7 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
   check_sample_rows_args(logits, req_pool_indices, valid_cache_lengths, slot_table,
                          history_capacity, bias_capacity, tokens_per_req, candidates, out_tokens,
                          out_invalid);
+  check_sample_rows_outputs(logits, out_logprobs, out_top_values, out_top_ids);
   const auto x = logits.to(at::kFloat).contiguous();
   const int64_t rows = x.size(0);
   const int32_t V = static_cast<int32_t>(x.size(1));

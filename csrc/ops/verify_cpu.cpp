@@ -61,16 +61,11 @@ void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indic
                       const at::Tensor& candidates, const at::Tensor& draft_probs,
                       bool apply_penalties, int64_t /*route*/, at::Tensor& out_predict,
                       at::Tensor& out_accept_length, at::Tensor& out_invalid) {
-  TORCH_CHECK_VALUE(candidates.dim() == 2, "candidates must be [bs, n], got ", candidates.sizes());
+  check_verify_rejection_args(logits, req_pool_indices, valid_cache_lengths, slot_table,
+                              history_capacity, bias_capacity, candidates, draft_probs,
+                              out_predict, out_accept_length, out_invalid);
   const int64_t bs = candidates.size(0), n = candidates.size(1);
-  check_sample_rows_args(logits, req_pool_indices, valid_cache_lengths, slot_table,
-                         history_capacity, bias_capacity, n, candidates, out_predict, out_invalid);
   const int32_t V = static_cast<int32_t>(logits.size(1));
-  TORCH_CHECK_VALUE(draft_probs.dim() == 3 && draft_probs.size(0) == bs &&
-                        draft_probs.size(1) == n - 1 && draft_probs.size(2) == V,
-                    "draft_probs must be [bs, n-1, V] = [", bs, ", ", n - 1, ", ", V, "], got ",
-                    draft_probs.sizes());
-  check_int32_vector(out_accept_length, "out_accept_length", bs, logits.device());
   const auto x = logits.to(at::kFloat).contiguous();
   const auto q_all = draft_probs.to(at::kFloat).contiguous();
   const SlotLayout layout{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity)};

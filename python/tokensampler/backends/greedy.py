@@ -21,7 +21,25 @@ class GreedySamplingBackend(SamplingBackend):
         torch.ops.tokensampler.argmax_rows(logits, tokens)
         lengths = self._packed[1, :bs]
         lengths.fill_(1)
+        if self._logprobs is not None or self._top_values is not None:
+            self._raw_logprobs(logits, tokens)
+            self._publish_logprobs(logits_output, bs)
         return tokens, lengths
+
+    def _raw_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
+        """DESIGN §3.8 raw logprobs (processed mode is 0.0 for greedy rows, §3.8)."""
+        rows = tokens.numel()
+        raw = torch.log_softmax(
+            logits.float().nan_to_num(float("-inf"), float("inf"), float("-inf")), -1)
+        if self._logprobs is not None:
+            if self.config.logprobs_mode == "processed":
+                self._logprobs[:rows].zero_()
+            else:
+                self._logprobs[:rows].copy_(raw.gather(1, tokens.long().unsqueeze(1)).squeeze(1))
+        if self._top_values is not None:
+            top = raw.topk(self._top_values.size(1), dim=-1)
+            self._top_values[:rows].copy_(top.values)
+            self._top_ids[:rows].copy_(top.indices)
 
     def verify(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo,
                candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
