@@ -79,6 +79,31 @@ def _worker(rank, world, port, results):
                      float((torch.stack(lp_full) - torch.stack(lp_shard)).abs().nan_to_num(0).max()),
                      full.penalty_history(3) if name == "gumbel_full" else None,
                      shard_backend.penalty_history(3) if name == "gumbel_full" else None)
+    # verify with penalties: drafts taken from an unsharded probe's targets, so some are
+    # accepted and some not; the sharded verify must give the same predictions and lengths.
+    n = 3
+
+    def verifier():
+        b = ts.create_backend("gumbel_full", ts.SamplingBackendConfig(
+            max_bs=BS, max_draft_tokens_per_req=n, max_req_pool_size=BS, vocab_size=V, device="cpu"))
+        b.prepare_step([f"v{i}" for i in range(BS)], list(range(1, BS + 1)),
+                       [ts.SamplingParams(seed=i, temperature=0.8, top_k=20, frequency_penalty=0.7)
+                        for i in range(BS)], num_tokens_per_req=n, prompt_token_ids=[[1]] * BS)
+        return b
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(BS * n, V, generator=gen) * 3
+    info = ts.SamplingBatchInfo(torch.arange(1, BS + 1, dtype=torch.int32),
+                                torch.full((BS + 1,), 4, dtype=torch.int32), V, "cpu")
+    candidates = torch.randint(0, V, (BS, n), dtype=torch.int32, generator=gen)
+    probe, _ = verifier().verify(ts.LogitsProcessorOutput(logits.clone()), info, candidates)
+    candidates[::2, 1] = probe.view(BS, n)[::2, 0]  # even requests: first draft accepted
+    full, sampler = verifier(), VocabParallelSampler(verifier(), offset, size)
+    p_full, a_full = full.verify(ts.LogitsProcessorOutput(logits.clone()), info, candidates)
+    p_shard, a_shard = sampler.verify(
+        ts.LogitsProcessorOutput(logits[:, offset:offset + size].contiguous()), info, candidates)
+    assert a_full.max() > 1, "no draft was accepted: the verify check is too weak"
+    out["verify"] = ([p_full.tolist(), a_full.tolist()], [p_shard.tolist(), a_shard.tolist()],
+                     0.0, full.penalty_history(1), sampler.backend.penalty_history(1))
     results[rank] = out
     dist.destroy_process_group()
 

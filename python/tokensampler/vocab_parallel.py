@@ -202,3 +202,17 @@ class VocabParallelSampler:
             b._logprobs[:bs].copy_(self.raw_logprobs(shard, tokens))
             logits_output.next_token_logprobs = b._logprobs[:bs]
         return tokens, lengths
+
+    def verify(self, logits_output: LogitsProcessorOutput, info: SamplingBatchInfo,
+               candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`backend.verify` (target-sampled chain matching) for a shard: verify row j sees
+        drafts 1..j in its penalties, exactly as the unsharded backend does."""
+        b = self.backend
+        n = candidates.size(1)
+        candidates = candidates.to(torch.int32).contiguous()
+        rows = candidates.numel()
+        target = self.sample_rows(logits_output.next_token_logits, info, n, candidates)
+        predict, accept = b._packed[0, :rows], b._packed[1, :candidates.size(0)]
+        torch.ops.tokensampler.verify_chain(candidates, target, predict, accept)
+        b._record_history(info, predict, accept, n)
+        return predict, accept
