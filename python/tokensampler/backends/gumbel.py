@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-from torch.autograd.profiler import record_function
 
 from .. import _C
 from ..batch import LogitsProcessorOutput, SamplingBatchInfo
@@ -167,9 +166,6 @@ class GumbelSamplingBackend(SamplingBackend):
                 self.slots.table, self.slots.history_capacity, self.slots.bias_capacity,
                 sampling_info.req_pool_indices, tokens, lengths, n)
 
-    # record_function names each step in Kineto traces, and as NVTX ranges under
-    # torch.autograd.profiler.emit_nvtx() for nsys.
-    @record_function("tokensampler.sample")
     def sample(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo
                ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self._checked_logits(logits_output, 1)
@@ -181,7 +177,6 @@ class GumbelSamplingBackend(SamplingBackend):
         self._publish_logprobs(logits_output, bs)
         return tokens, lengths
 
-    @record_function("tokensampler.verify")
     def verify(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo,
                candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = candidates.size(-1)
