@@ -141,3 +141,32 @@ def test_adapter_graph_capture_every_variant(name):
         torch.cuda.synchronize()
         assert ((tokens >= 0) & (tokens < V)).all()
     backend.reset_capture_state()
+
+
+@pytest.mark.cuda
+@needs_fi
+def test_full_adapter_rejection_sampling_is_lossless():
+    """chain_speculative_sampling behind the contract: emitted first tokens follow the target."""
+    Vs, n, bs = 12, 2, 200
+    g = torch.Generator().manual_seed(8)
+    target_logits = torch.randn(Vs, generator=g) * 1.5
+    q = torch.softmax(torch.randn(Vs, generator=g) * 1.5, -1)
+    backend = ts.create_backend("flashinfer_full", ts.SamplingBackendConfig(
+        max_bs=bs, max_draft_tokens_per_req=n, max_req_pool_size=bs, vocab_size=Vs, device="cuda"))
+    slots = list(range(1, bs + 1))
+    backend.prepare_step([f"r{s}" for s in slots], slots, [ts.SamplingParams(seed=s) for s in slots],
+                         num_tokens_per_req=n)
+    first, accepted = [], 0
+    for call in range(20):
+        drafts = torch.multinomial(q, bs, replacement=True, generator=g).to(torch.int32)
+        candidates = torch.stack([torch.zeros(bs, dtype=torch.int32), drafts], 1).cuda()
+        info = ts.SamplingBatchInfo(torch.tensor(slots, dtype=torch.int32, device="cuda"),
+                                    torch.full((bs + 1,), call * 3, dtype=torch.int32, device="cuda"),
+                                    Vs, "cuda", draft_probs=q.expand(bs, n - 1, Vs).contiguous().cuda())
+        predict, accept = backend.verify(
+            ts.LogitsProcessorOutput(target_logits.expand(bs * n, Vs).contiguous().cuda()), info,
+            candidates)
+        first.extend(predict.view(bs, n)[:, 0].tolist())
+        accepted += int((accept == 2).sum())
+    assert 0 < accepted < 20 * bs
+    assert chi_square_pvalue(np.array(first), filtered_probs(target_logits.double().numpy())) > 1e-3
