@@ -4,6 +4,7 @@
 #include <torch/extension.h>
 
 #include "slot_state/slot_state_manager.h"
+#include "tokensampler/rng.h"
 
 namespace py = pybind11;
 using tokensampler::Route;
@@ -46,6 +47,22 @@ PYBIND11_MODULE(_C, m) {
       .value("MIN_P", Route::kMinP)
       .value("TOP_K_TOP_P_MIN_P", Route::kTopKTopPMinP);
   m.def("route_name", &tokensampler::route_name);
+  // Column of each scalar in a slot-table row (tokensampler/slot_layout.h): Python reads the
+  // pools through these, never through numbers of its own.
+  m.attr("SLOT_COLUMNS") = py::dict(
+      py::arg("temperature") = int(tokensampler::kColTemperature),
+      py::arg("top_k") = int(tokensampler::kColTopK), py::arg("top_p") = int(tokensampler::kColTopP),
+      py::arg("min_p") = int(tokensampler::kColMinP),
+      py::arg("repetition") = int(tokensampler::kColRepetition),
+      py::arg("frequency") = int(tokensampler::kColFrequency),
+      py::arg("presence") = int(tokensampler::kColPresence),
+      py::arg("seed_lo") = int(tokensampler::kColSeedLo),
+      py::arg("history_len") = int(tokensampler::kColHistoryLen),
+      py::arg("bias_len") = int(tokensampler::kColBiasLen));
+  // Stream ids of the keyed generator (tokensampler/rng.h), for gumbel_noise callers.
+  m.attr("RNG_STREAMS") = py::dict(py::arg("gumbel") = int(tokensampler::kStreamGumbel),
+                                   py::arg("accept_coin") = int(tokensampler::kStreamAcceptCoin),
+                                   py::arg("residual") = int(tokensampler::kStreamResidual));
   m.def("select_route", &tokensampler::select_route, py::arg("params"), py::arg("vocab_size"),
         py::arg("with_min_p"));
 
@@ -71,5 +88,13 @@ PYBIND11_MODULE(_C, m) {
                              [](const SlotStateManager& s) { return s.layout().history_capacity; })
       .def_property_readonly("bias_capacity",
                              [](const SlotStateManager& s) { return s.layout().bias_capacity; })
-      .def_property_readonly("rows_written", &SlotStateManager::rows_written);
+      .def_property_readonly("rows_written", &SlotStateManager::rows_written)
+      .def_property_readonly("history_tokens_col",
+                             [](const SlotStateManager& s) { return s.layout().history_tokens_col(); })
+      .def_property_readonly("history_counts_col",
+                             [](const SlotStateManager& s) { return s.layout().history_counts_col(); })
+      .def_property_readonly("bias_tokens_col",
+                             [](const SlotStateManager& s) { return s.layout().bias_tokens_col(); })
+      .def_property_readonly("bias_values_col",
+                             [](const SlotStateManager& s) { return s.layout().bias_values_col(); });
 }

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
-__all__ = ["SamplingParams"]
+__all__ = ["SamplingParams", "derive_seed"]
 
 _FIELD_RANGES = {
     # field: (low, high, low_inclusive, high_inclusive)
@@ -34,6 +34,12 @@ def _check_number(name: str, value, low, high, low_inc, high_inc) -> float:
     return value
 
 
+def derive_seed(rid: str) -> int:
+    """The deterministic 63-bit seed of a request that gave none, derived from its id."""
+    digest = hashlib.blake2b(str(rid).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
 @dataclass
 class SamplingParams:
     """What one request asks of the sampler.
@@ -56,8 +62,7 @@ class SamplingParams:
     def resolve_seed(self, rid: str) -> int:
         """Fills a missing seed with a deterministic 63-bit value derived from `rid`."""
         if self.seed is None:
-            digest = hashlib.blake2b(str(rid).encode(), digest_size=8).digest()
-            self.seed = int.from_bytes(digest, "little") & ((1 << 63) - 1)
+            self.seed = derive_seed(rid)
         return self.seed
 
     def normalize(self, vocab_size: int | None = None) -> "SamplingParams":

@@ -25,7 +25,6 @@ import torch.distributed as dist
 from . import _C
 from .backends.gumbel import GumbelSamplingBackend
 from .batch import LogitsProcessorOutput, SamplingBatchInfo
-from .rng_streams import GUMBEL_STREAM
 
 __all__ = ["VocabParallelSampler"]
 
@@ -68,21 +67,6 @@ class VocabParallelSampler:
         dist.all_gather(out, t.contiguous(), group=self.group)
         return torch.stack(out)
 
-    # ---- per-row parameters from the replicated slot table ----
-    def _row_params(self, info: SamplingBatchInfo, n: int):
-        slots = info.req_pool_indices.long()
-        positions = info.valid_cache_lengths.long().index_select(0, slots)
-        if n > 1:
-            slots = slots.repeat_interleave(n)
-            positions = (positions.unsqueeze(1) + torch.arange(n, device=slots.device)).reshape(-1)
-        scalars = self.backend.slots.table[:, :9].index_select(0, slots)
-        temperature = scalars[:, 0].view(torch.float32)
-        top_k = scalars[:, 1]
-        greedy = (temperature <= 0) | (top_k == 1)
-        return (torch.where(greedy, torch.ones_like(temperature), temperature),
-                scalars[:, 3].view(torch.float32), greedy,
-                scalars[:, 7:9].contiguous().view(torch.int64).view(-1), positions)
-
     # ---- the three exact paths ----
     def _best_over(self, score: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Global argmax of per-rank (score, id) pairs, ties to the lowest id."""
@@ -97,7 +81,7 @@ class VocabParallelSampler:
     def _local_argmax_path(self, z, row_max, min_p, seeds, positions) -> torch.Tensor:
         ids = self._local_ids.expand_as(z).contiguous()
         noise = torch.empty_like(z)
-        torch.ops.tokensampler.gumbel_noise(seeds, positions, ids, GUMBEL_STREAM, noise)
+        torch.ops.tokensampler.gumbel_noise(seeds, positions, ids, _C.RNG_STREAMS["gumbel"], noise)
         inf_row = (row_max == float("inf")).unsqueeze(1)
         threshold = torch.where(min_p > 0, row_max + torch.log(min_p.clamp_min(1e-30)),
                                 torch.full_like(row_max, float("-inf"))).unsqueeze(1)
@@ -156,7 +140,8 @@ class VocabParallelSampler:
         torch.ops.tokensampler.penalize_logits(
             shard_logits, info.req_pool_indices, b.slots.table, b.slots.history_capacity,
             b.slots.bias_capacity, n, candidates if b._FULL else None, self.vocab_offset, processed)
-        temperature, min_p, greedy, seeds, positions = self._row_params(info, n)
+        p = b.row_params(info, n)
+        temperature, min_p, greedy, seeds, positions = p.temperature, p.min_p, p.greedy, p.seed, p.position
         out = torch.empty(rows, dtype=torch.int32, device=shard_logits.device)
         route = b._route
         if route in _LOCAL_ARGMAX_ROUTES:

@@ -64,25 +64,6 @@ class _FlashInferMixin:
         self._argmax = torch.empty(rows, dtype=torch.int32, device=self.device)
         self._emitted = torch.zeros(cfg.max_bs, dtype=torch.int32, device=self.device)
         self._accepted = torch.zeros(cfg.max_bs, dtype=torch.int32, device=self.device)
-        self._positions = torch.arange(cfg.max_draft_tokens_per_req, device=self.device)
-
-    def _row_params(self, sampling_info: SamplingBatchInfo, n: int):
-        """Per-row (temperature, k, p, min_p, greedy, seed, offset) gathered from the pools."""
-        slots = sampling_info.req_pool_indices.long()
-        positions = sampling_info.valid_cache_lengths.long().index_select(0, slots)
-        if n > 1:
-            slots = slots.repeat_interleave(n)
-            positions = (positions.unsqueeze(1) + self._positions[:n]).reshape(-1)
-        scalars = self.slots.table[:, :9].index_select(0, slots)
-        temperature = scalars[:, 0].view(torch.float32)
-        top_k = scalars[:, 1]
-        greedy = (temperature <= 0) | (top_k == 1)
-        vocab = self.config.vocab_size
-        top_k = torch.where((top_k <= 0) | (top_k >= vocab), torch.full_like(top_k, vocab), top_k)
-        seed = scalars[:, 7:9].contiguous().view(torch.int64).view(-1)
-        return (torch.where(greedy, torch.ones_like(temperature), temperature), top_k,
-                scalars[:, 2].view(torch.float32).contiguous(),
-                scalars[:, 3].view(torch.float32).contiguous(), greedy, seed, positions)
 
     def _filtered_probs(self, z, top_k, top_p, min_p):
         """The kept distribution per row: softmax, top-k, top-p, min-p renormalisation."""
@@ -100,7 +81,8 @@ class _FlashInferMixin:
         torch.ops.tokensampler.penalize_logits(
             logits, sampling_info.req_pool_indices, self.slots.table, self.slots.history_capacity,
             self.slots.bias_capacity, n, candidates if self._FULL else None, 0, processed)
-        temperature, top_k, top_p, min_p, greedy, seed, offset = self._row_params(sampling_info, n)
+        p = self.row_params(sampling_info, n)
+        temperature, top_k, top_p, min_p, greedy, seed, offset = p
         z = processed / temperature.unsqueeze(1)
         fs = self._fs
         if self._route == _C.Route.NO_FILTER:
@@ -117,7 +99,7 @@ class _FlashInferMixin:
         torch.eq(processed.amax(-1), float("-inf"), out=invalid)
         token = torch.where(greedy, argmax, sampled.to(torch.int32))
         out.copy_(token.masked_fill(invalid, 0))
-        return processed, z, (temperature, top_k, top_p, min_p, greedy, seed, offset)
+        return processed, z, p
 
     def _sample_rows(self, logits, sampling_info, n, candidates, out) -> None:
         processed, *_ = self._draw(logits, sampling_info, n, candidates, out)

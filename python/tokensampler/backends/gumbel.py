@@ -6,7 +6,7 @@ row, the batch size, the route, eager vs graph replay, or plain decode vs verify
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 
@@ -26,6 +26,20 @@ from .base import SamplingBackend
 from .slot_params import to_slot_params
 
 __all__ = ["GumbelSamplingBackend"]
+
+_COL = _C.SLOT_COLUMNS
+
+
+class RowParams(NamedTuple):
+    """Per-row sampling parameters gathered from the slot pools (rows = bs * n)."""
+    temperature: torch.Tensor  # greedy rows read 1, so l / T stays finite
+    top_k: torch.Tensor        # disabled (-1 or >= V) reads V
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+    greedy: torch.Tensor       # temperature 0 or top_k 1
+    seed: torch.Tensor         # int64
+    position: torch.Tensor     # int64: valid_cache_lengths[slot] + j
+
 
 # Largest top-k the CUDA split-row fast path serves (csrc/cuda/split_row_kernel.cuh); steps with
 # a larger k replay the default (generic) graph.
@@ -57,6 +71,7 @@ class GumbelSamplingBackend(SamplingBackend):
             with_min_p=full, device=str(self.device))
         self._route = _C.Route.GENERIC
         self.step_max_top_k = config.vocab_size
+        self._row_offsets = torch.arange(config.max_draft_tokens_per_req, device=self.device)
         self._logprobs_mode = LOGPROBS_MODES.index(config.logprobs_mode)
 
     # ---- pool views (one int32 table; floats stored as bits) ----
@@ -65,20 +80,45 @@ class GumbelSamplingBackend(SamplingBackend):
 
     @property
     def temperature_pool(self) -> torch.Tensor:
-        return self._column(0, torch.float32)
+        return self._column(_COL["temperature"], torch.float32)
 
     @property
     def top_k_pool(self) -> torch.Tensor:
-        return self._column(1, torch.int32)
+        return self._column(_COL["top_k"], torch.int32)
 
     @property
     def top_p_pool(self) -> torch.Tensor:
-        return self._column(2, torch.float32)
+        return self._column(_COL["top_p"], torch.float32)
 
     @property
     def seed_pool(self) -> torch.Tensor:
         """int64 seeds: two int32 words per slot."""
-        return self.slots.table[:, 7:9].contiguous().view(torch.int64).view(-1)
+        return self._seeds(self.slots.table)
+
+    @staticmethod
+    def _seeds(rows: torch.Tensor) -> torch.Tensor:
+        lo = _COL["seed_lo"]
+        return rows[:, lo:lo + 2].contiguous().view(torch.int64).view(-1)
+
+    def row_params(self, sampling_info: SamplingBatchInfo, n: int) -> RowParams:
+        """The pools' parameters of each of the step's bs * n rows, gathered on the device
+        (for samplers outside the kernels: the FlashInfer adapters, vocab-parallel sampling)."""
+        slots = sampling_info.req_pool_indices.long()
+        positions = sampling_info.valid_cache_lengths.long().index_select(0, slots)
+        if n > 1:
+            slots = slots.repeat_interleave(n)
+            positions = (positions.unsqueeze(1) + self._row_offsets[:n]).reshape(-1)
+        rows = self.slots.table[:, :_COL["seed_lo"] + 2].index_select(0, slots)
+        temperature = rows[:, _COL["temperature"]].view(torch.float32)
+        top_k = rows[:, _COL["top_k"]]
+        greedy = (temperature <= 0) | (top_k == 1)
+        vocab = self.config.vocab_size
+        return RowParams(
+            temperature=torch.where(greedy, torch.ones_like(temperature), temperature),
+            top_k=torch.where((top_k <= 0) | (top_k >= vocab), torch.full_like(top_k, vocab), top_k),
+            top_p=rows[:, _COL["top_p"]].view(torch.float32).contiguous(),
+            min_p=rows[:, _COL["min_p"]].view(torch.float32).contiguous(),
+            greedy=greedy, seed=self._seeds(rows), position=positions)
 
     @property
     def route(self) -> str:

@@ -8,7 +8,7 @@ import torch
 
 from .. import _C
 from ..graphs import CUDA_GRAPH_VARIANT_MIN_P, CUDA_GRAPH_VARIANT_TOP_K_TOP_P_MIN_P
-from .gumbel import _VARIANT_ROUTES, GumbelSamplingBackend
+from .gumbel import _COL, _VARIANT_ROUTES, GumbelSamplingBackend
 
 __all__ = ["GumbelFullSamplingBackend"]
 
@@ -24,35 +24,35 @@ class GumbelFullSamplingBackend(GumbelSamplingBackend):
 
     @property
     def min_p_pool(self) -> torch.Tensor:
-        return self._column(3, torch.float32)
+        return self._column(_COL["min_p"], torch.float32)
 
     @property
     def repetition_penalty_pool(self) -> torch.Tensor:
-        return self._column(4, torch.float32)
+        return self._column(_COL["repetition"], torch.float32)
 
     @property
     def frequency_penalty_pool(self) -> torch.Tensor:
-        return self._column(5, torch.float32)
+        return self._column(_COL["frequency"], torch.float32)
 
     @property
     def presence_penalty_pool(self) -> torch.Tensor:
-        return self._column(6, torch.float32)
+        return self._column(_COL["presence"], torch.float32)
 
     def penalty_history(self, slot: int) -> dict[int, int]:
         """{token: output count} of a slot's history (prompt-only tokens count 0). Host copy,
         for tests and debugging."""
-        row = self.slots.table[slot].cpu()
-        n, cap = int(row[9]), self.slots.history_capacity
-        ids, counts = row[12:12 + n].tolist(), row[12 + cap:12 + cap + n].tolist()
+        row, s = self.slots.table[slot].cpu(), self.slots
+        n = int(row[_COL["history_len"]])
+        ids = row[s.history_tokens_col:s.history_tokens_col + n].tolist()
+        counts = row[s.history_counts_col:s.history_counts_col + n].tolist()
         return dict(zip(ids, counts))
 
     def logit_bias(self, slot: int) -> dict[int, float]:
         """{token: bias} of a slot. Host copy, for tests and debugging."""
-        row = self.slots.table[slot].cpu()
-        n, h, b = int(row[10]), self.slots.history_capacity, self.slots.bias_capacity
-        base = 12 + 2 * h
-        ids = row[base:base + n].tolist()
-        values = row[base + b:base + b + n].view(torch.float32).tolist()
+        row, s = self.slots.table[slot].cpu(), self.slots
+        n = int(row[_COL["bias_len"]])
+        ids = row[s.bias_tokens_col:s.bias_tokens_col + n].tolist()
+        values = row[s.bias_values_col:s.bias_values_col + n].view(torch.float32).tolist()
         return dict(zip(ids, values))
 
     def cuda_graph_capture_variants(self, num_tokens_per_req: int) -> tuple[str, ...]:

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
-
 from .. import _C
-from ..params import SamplingParams
+from ..params import SamplingParams, derive_seed
 
 
 def seed_for(sp: SamplingParams, rid: str) -> int:
     """The request's seed, or the one `SamplingParams.resolve_seed` would derive from rid
     (computed without mutating the caller's object)."""
-    if sp.seed is not None:
-        return int(sp.seed)
-    digest = hashlib.blake2b(str(rid).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+    return int(sp.seed) if sp.seed is not None else derive_seed(rid)
 
 
 def to_slot_params(sp: SamplingParams, rid: str, vocab_size: int) -> _C.SlotParams:
