@@ -35,10 +35,16 @@ else:
     torch.cuda.nvtx.range_pop()
     torch.cuda.synchronize()
 PY
-METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active
-if timeout 300 ncu --clock-control none --nvtx --nvtx-include "sample $ROUTE bs=$BS/" --metrics "$METRICS" \
+METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem
+# PROFILE_DETAIL=1: ncu's speed-of-light, occupancy, launch and warp-stall sections instead.
+WHAT=(--metrics "$METRICS")
+[ "${PROFILE_DETAIL:-0}" = 1 ] && WHAT=(--section SpeedOfLight --section Occupancy --section LaunchStats
+                                     --section WarpStateStats --section InstructionStats
+                                     --section SourceCounters --import-source yes)
+if timeout 300 ncu --clock-control none --nvtx --nvtx-include "sample $ROUTE bs=$BS/" "${WHAT[@]}" \
      python3 /tmp/ts_profile_step.py ncu > "$OUT/ncu_${ROUTE}_${BS}_${DTYPE}.txt" 2>&1; then
-  grep -E "^\s+[a-z_]+.*\(|gpu__time|dram__|sm__" "$OUT/ncu_${ROUTE}_${BS}_${DTYPE}.txt"
+  grep -E "^\s+[a-z_]+.*\(|gpu__time|dram__|sm__|launch__|Duration|Throughput|Registers|Occupancy|Warp Cycles|Executed Instructions|Block Limit" \
+    "$OUT/ncu_${ROUTE}_${BS}_${DTYPE}.txt"
 else
   echo "ncu unavailable here; Kineto trace instead"
   python3 /tmp/ts_profile_step.py kineto | tee "$OUT/kineto_${ROUTE}_${BS}.txt"

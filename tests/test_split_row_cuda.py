@@ -1,5 +1,5 @@
-"""The CUDA split-row fast path (no-filter, top-k, top-k+top-p rows) through the public API:
-same tokens as the CPU kernels, eager and under CUDA-graph replay."""
+"""The CUDA split-row fast path (no-filter, top-k, top-k+top-p(+min-p) rows, penalties and bias)
+through the public API: same tokens as the CPU kernels, eager and under CUDA-graph replay."""
 
 import pytest
 import torch
@@ -17,10 +17,10 @@ CASES = {
 }
 
 
-def backends(V, bs, n=1, **cfg):
+def backends(V, bs, n=1, name="gumbel", **cfg):
     out = []
     for device in ("cpu", "cuda"):
-        out.append(ts.create_backend("gumbel", ts.SamplingBackendConfig(
+        out.append(ts.create_backend(name, ts.SamplingBackendConfig(
             max_bs=bs, max_draft_tokens_per_req=n, max_req_pool_size=bs, vocab_size=V,
             device=device, **cfg)))
     return out
@@ -113,3 +113,79 @@ def test_captured_variant_replays_eager_tokens(variant, params):
         graph.replay()
         expected, _ = eager_backend.sample(ts.LogitsProcessorOutput(logits), info)
         assert torch.equal(tokens, expected)
+
+
+FULL_CASES = {
+    "top_k": dict(temperature=0.7, top_k=50),
+    "top_k_top_p": dict(temperature=0.9, top_k=300, top_p=0.8),
+    "top_k_top_p_min_p": dict(temperature=1.1, top_k=40, top_p=0.95, min_p=0.05),
+    "no_filter": dict(temperature=0.8),
+}
+
+
+@pytest.mark.parametrize("case", list(FULL_CASES))
+@pytest.mark.parametrize("V,bs", [(151936, 4), (50257, 40), (1000, 3)])
+def test_split_row_penalties_match_cpu(case, V, bs):
+    """gumbel_full rows with repetition / frequency / presence penalties and bias: the history
+    grows every step (the CUDA append_history against the CPU one), tokens stay identical."""
+    cpu, gpu = backends(V, bs, name="gumbel_full", enable_output_logprobs=True)
+    sps = [ts.SamplingParams(seed=300 + i, repetition_penalty=1.3, frequency_penalty=0.4,
+                             presence_penalty=0.6, logit_bias={7 * i + 1: 4.0, V - 1 - i: -2.0},
+                             **FULL_CASES[case]) for i in range(bs)]
+    prompts = [[(37 * i + 11 * j) % V for j in range(30)] for i in range(bs)]
+    for b in (cpu, gpu):
+        b.prepare_step([f"r{i}" for i in range(bs)], list(range(1, bs + 1)), sps,
+                       prompt_token_ids=prompts)
+    assert gpu.route == case  # a split-row route ...
+    assert case == "no_filter" or gpu.step_max_top_k <= 512  # ... with k in its range
+    g = torch.Generator().manual_seed(V + bs)
+    for step in range(5):
+        logits = torch.randn(bs, V, generator=g) * 2
+        # strong logits on the history tokens so the penalties decide tokens
+        for i, prompt in enumerate(prompts):
+            logits[i, prompt[:10]] += 6.0
+        t_cpu, lp_cpu = run(cpu, logits, bs, 40 + step, "cpu")
+        t_gpu, lp_gpu = run(gpu, logits, bs, 40 + step, "cuda")
+        assert torch.equal(t_cpu, t_gpu), f"step {step}"
+        torch.testing.assert_close(lp_gpu, lp_cpu, atol=1e-4, rtol=0)
+        assert torch.equal(gpu.slots.table.cpu(), cpu.slots.table)
+
+
+@pytest.mark.parametrize("case", ["top_k_top_p", "no_filter"])
+def test_split_row_verify_penalties_count_drafts(case):
+    V, bs, n = 50257, 6, 4
+    cpu, gpu = backends(V, bs, n=n, name="gumbel_full")
+    sps = [ts.SamplingParams(seed=9 + i, repetition_penalty=2.0, presence_penalty=1.5,
+                             **FULL_CASES[case]) for i in range(bs)]
+    for b in (cpu, gpu):
+        b.prepare_step([f"r{i}" for i in range(bs)], list(range(1, bs + 1)), sps,
+                       num_tokens_per_req=n, prompt_token_ids=[[5, 6, 7]] * bs)
+    g = torch.Generator().manual_seed(1)
+    candidates = torch.randint(0, V, (bs, n), dtype=torch.int32, generator=g)
+    logits = torch.randn(bs * n, V, generator=g)
+    logits[:, candidates.view(-1).long()] += 5.0  # the drafts compete, so their penalty matters
+    t_cpu, _ = run(cpu, logits, bs, 5, "cpu", n, candidates)
+    t_gpu, _ = run(gpu, logits, bs, 5, "cuda", n, candidates)
+    assert torch.equal(t_cpu, t_gpu)
+
+
+@pytest.mark.parametrize("kind", ["half_steps", "constant", "ascending", "descending"])
+@pytest.mark.parametrize("top_k", [3, 50, 300, 512])
+def test_split_row_top_k_ties_and_orders(kind, top_k):
+    """Rows that stress the exact top-k select: many equal z (ties split by id), every token
+    equal, and logits rising / falling along the row (each round admits all or nothing)."""
+    V, bs = 151936, 5
+    cpu, gpu = backends(V, bs)
+    sps = [ts.SamplingParams(seed=70 + i, temperature=0.6, top_k=top_k,
+                             top_p=0.9 if i % 2 else 1.0) for i in range(bs)]
+    for b in (cpu, gpu):
+        b.prepare_step([f"r{i}" for i in range(bs)], list(range(1, bs + 1)), sps)
+    g = torch.Generator().manual_seed(top_k)
+    base = torch.randn(bs, V, generator=g)
+    logits = {"half_steps": torch.round(base * 2) / 2,
+              "constant": torch.full((bs, V), 0.25),
+              "ascending": torch.linspace(-20, 20, V).expand(bs, V).clone(),
+              "descending": torch.linspace(20, -20, V).expand(bs, V).clone()}[kind]
+    t_cpu, _ = run(cpu, logits, bs, 3, "cpu")
+    t_gpu, _ = run(gpu, logits, bs, 3, "cuda")
+    assert torch.equal(t_cpu, t_gpu)

@@ -131,8 +131,9 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
   const c10::cuda::CUDAGuard guard(logits.device());
   const SlotLayout layout{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity)};
   if (split_row::try_split_row_sample(logits, req_pool_indices, valid_cache_lengths, slot_table,
-                                      layout, tokens_per_req, apply_penalties, logprobs_mode,
-                                      route, out_tokens, out_invalid, out_logprobs, top_n > 0)) {
+                                      layout, tokens_per_req, candidates, apply_penalties,
+                                      logprobs_mode, route, out_tokens, out_invalid, out_logprobs,
+                                      top_n > 0)) {
     return;
   }
   const auto stream = at::cuda::getCurrentCUDAStream();

@@ -15,6 +15,7 @@
 
 #include <cub/block/block_scan.cuh>
 
+#include "penalty_lookup.cuh"
 #include "tokensampler/rng.h"
 #include "tokensampler/row_rules.h"
 #include "tokensampler/slot_layout.h"
@@ -23,7 +24,6 @@ namespace tokensampler::cuda {
 
 constexpr int kSampleThreads = 1024;
 constexpr int kSampleWarps = kSampleThreads / 32;
-constexpr int kBitmapWords = 2048;  // 65536 bits
 constexpr int kBins = 2048;
 constexpr int32_t kNoId = 0x7FFFFFFF;
 constexpr uint32_t kAllKey = 0xFFFFFFFFu;
@@ -31,7 +31,7 @@ constexpr uint32_t kAllKey = 0xFFFFFFFFu;
 enum RowKind : int { kRowInvalid = 0, kRowGreedy = 1, kRowInf = 2, kRowFilter = 3 };
 
 struct SampleSmem {
-  uint32_t bitmap[kBitmapWords];
+  uint32_t bitmap[kPenaltyBitmapWords];
   int32_t counts[kBins];
   float masses[kBins];
   float red_f[32];
@@ -187,67 +187,20 @@ __device__ __forceinline__ float load_raw(const T* x, int32_t i) {
   return sanitize_logit(static_cast<float>(x[i]));
 }
 
+__device__ __forceinline__ PenaltySource penalty_source(const RowInput& row) {
+  return PenaltySource{row.slot, row.drafts, row.num_drafts};
+}
+
 __device__ __forceinline__ void build_penalty_filter(const RowInput& row, SampleSmem& sm) {
-  __syncthreads();
-  for (int w = threadIdx.x; w < kBitmapWords; w += kSampleThreads) sm.bitmap[w] = 0u;
-  __syncthreads();
-  if (!row.penalties) return;
-  const int32_t hl = min(max(row.slot.history_len(), 0), row.slot.layout.history_capacity);
-  const int32_t bl = min(max(row.slot.bias_len(), 0), row.slot.layout.bias_capacity);
-  auto mark = [&](int32_t t) {
-    if (t >= 0) atomicOr(&sm.bitmap[(t >> 5) & (kBitmapWords - 1)], 1u << (t & 31));
-  };
-  for (int32_t k = threadIdx.x; k < hl; k += kSampleThreads) mark(row.slot.history_tokens()[k]);
-  for (int32_t k = threadIdx.x; k < bl; k += kSampleThreads) mark(row.slot.bias_tokens()[k]);
-  for (int32_t k = threadIdx.x; k < row.num_drafts; k += kSampleThreads) mark(row.drafts[k]);
-  __syncthreads();
+  if (row.penalties) mark_penalized_tokens<kSampleThreads>(penalty_source(row), 0, INT32_MAX, sm.bitmap);
+  else __syncthreads();  // the callers' shared-memory hand-over
 }
 
 // §3.2–3.4 for token i (l already sanitised).
 __device__ __forceinline__ float processed_logit(const RowInput& row, const SampleSmem& sm,
                                                  int32_t i, float l) {
-  if (!row.penalties) return l;
-  if (!((sm.bitmap[(i >> 5) & (kBitmapWords - 1)] >> (i & 31)) & 1u)) return l;
-  bool any = false, in_history = false;
-  int32_t count = 0;
-  float bias = 0.0f;
-  {
-    const int32_t hl = min(max(row.slot.history_len(), 0), row.slot.layout.history_capacity);
-    const int32_t* ht = row.slot.history_tokens();
-    int32_t lo = 0, hi = hl;
-    while (lo < hi) {
-      const int32_t mid = (lo + hi) >> 1;
-      if (ht[mid] < i) lo = mid + 1;
-      else hi = mid;
-    }
-    if (lo < hl && ht[lo] == i) {
-      any = in_history = true;
-      count = row.slot.history_counts()[lo];
-    }
-  }
-  for (int32_t k = 0; k < row.num_drafts; ++k) {
-    if (row.drafts[k] == i) {
-      any = in_history = true;
-      count += 1;
-    }
-  }
-  {
-    const int32_t bl = min(max(row.slot.bias_len(), 0), row.slot.layout.bias_capacity);
-    const int32_t* bt = row.slot.bias_tokens();
-    int32_t lo = 0, hi = bl;
-    while (lo < hi) {
-      const int32_t mid = (lo + hi) >> 1;
-      if (bt[mid] < i) lo = mid + 1;
-      else hi = mid;
-    }
-    if (lo < bl && bt[lo] == i) {
-      any = true;
-      bias = row.slot.bias_value(lo);
-    }
-  }
-  if (!any) return l;
-  return penalized_logit(l, in_history, count, row.slot.repetition(), row.slot.frequency(),
-                         row.slot.presence(), bias);
+  if (!row.penalties || !maybe_penalized(sm.bitmap, i, 0)) return l;
+  return penalize_token(penalty_source(row), i, l);
 }
 
 template <typename T>

@@ -1,22 +1,30 @@
-// Split-row sampling: the fast path of sample_rows for rows without penalties whose filters
-// are none or top-k (<= kSplitMaxTopK) with optional top-p / min-p inside the top-k set.
+// Device code of the split-row fast path of sample_rows (launch code: split_row_sample.cu).
+// Rows: no filter, or top-k (k <= kSplitMaxTopK) with optional top-p / min-p inside the top-k
+// set; penalties and bias (with the drafts of verify rows) looked up per token.
 //
 // Kernel 1 (chunk): a row is cut into `splits` chunks, one block each, so a small batch still
-// fills the GPU. Each block reads its chunk once (16-byte loads) and leaves a few numbers:
-//   - the argmax of the logits (greedy rows), raw (max, sum-exp) partials (raw logprobs);
+// fills the GPU. A block streams its chunk once, kLoadsInFlight 16-byte loads per thread per
+// round, and leaves a few numbers:
+//   - the argmax of the processed logits (greedy rows), raw (max, sum-exp) partials (raw
+//     logprobs), the +inf count;
 //   - no-filter rows: the best z + G of the chunk. Noise is keyed by token id, so it is needed
 //     only where it can win: a cheap exact upper bound on G from the random word's leading
 //     zeros (G = -ln(-ln u) <= -ln(1 - u)) skips the two logs for almost every token;
-//   - top-k rows: the chunk's k best (z, id), kept in a shared-memory buffer whose admission
-//     threshold rises as it fills (one pass, no re-read).
-// Kernel 2 (finish): one block per row merges the chunks: argmax / best score, or the top-k of
-// splits * k candidates (bitonic sort in shared memory), then top-p over them (sequential fp32
-// sum in rank order, as the CPU reference), min-p, and Gumbel-max over the kept candidates.
-// Every score is computed with the same helpers as the CPU kernels, so tokens are identical.
+//   - top-k rows: the chunk's k best (z, id). Candidates at or above a running threshold go to a
+//     shared-memory buffer; when it holds more than kCompactAt, an exact select (block_select.cuh)
+//     cuts it back to k and raises the threshold. The first round's threshold is the k-th
+//     largest of the threads' maxima, so even the first round admits few.
+// Kernel 2 (finish): one block per row merges the chunks (one chunk per thread): argmax / best
+// score, or the exact top-k of the chunks' candidates, sorted (bitonic, <= 512 entries) only
+// when top-p or +inf logits need the rank order; top-p as a sequential fp32 sum in rank order
+// (as the CPU reference), min-p, and Gumbel-max over the kept candidates. Every score is
+// computed with the helpers of the CPU kernels, so tokens are identical.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include "block_select.cuh"
+#include "penalty_lookup.cuh"
 #include "tokensampler/rng.h"
 #include "tokensampler/row_rules.h"
 #include "tokensampler/slot_layout.h"
@@ -25,20 +33,14 @@ namespace tokensampler::cuda::split_row {
 
 constexpr int kChunkThreads = 256;
 constexpr int kFinishThreads = 512;
+constexpr int kLoadsInFlight = 4;  // 16-byte loads per thread per round (bytes in flight per SM)
+constexpr int kRoundTokens = kChunkThreads * 4 * kLoadsInFlight;
 constexpr int kSplitMaxTopK = 512;
-constexpr int kBufferCap = 2048;            // chunk buffer: > k + one round (4 * kChunkThreads)
-constexpr int kMergeCap = 4096;             // finish kernel: splits * k candidates at most
-constexpr int32_t kNoId = 0x7FFFFFFF;
+constexpr int kCompactAt = 512;                        // buffer entries that trigger a cut to k
+constexpr int kBufferCap = kCompactAt + kRoundTokens;  // room for one more round
+constexpr int kMergeCap = 4096;                        // finish kernel: splits * k_cap at most
+constexpr int kMaxSplits = 64;
 constexpr float kLn2 = 0.693147180559945f;
-
-struct Candidate {
-  float z;
-  int32_t id;
-};
-
-__device__ __forceinline__ bool before(const Candidate& a, const Candidate& b) {
-  return ranks_before(a.z, a.id, b.z, b.id);
-}
 
 __device__ __forceinline__ Candidate best_of(Candidate a, Candidate b) { return before(b, a) ? b : a; }
 
@@ -71,6 +73,12 @@ __device__ __forceinline__ void merge_lse(float& m, float& s, float m2, float s2
   else s += s2 * expf(m2 - m);
 }
 
+__device__ __forceinline__ void warp_merge_lse(float& m, float& s) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    merge_lse(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+}
+
 // Upper bound of the Gumbel value a random word can give (exact math, see file comment):
 // with q = 2^23 - 1 - (word >> 9), 1 - u >= 2^(31 - clz(q) - 23), so G <= (clz(q) - 8) ln 2.
 // The margin covers the rounding of the computed G.
@@ -79,35 +87,19 @@ __device__ __forceinline__ float gumbel_upper_bound(uint32_t word) {
   return static_cast<float>(__clz(q) - 8) * kLn2 + 1e-3f;
 }
 
-struct RowParams {
-  float temperature;
-  int32_t top_k;
-  float top_p;
-  float min_p;
-  uint64_t seed;
-  int64_t position;
-  bool greedy;
-  bool top_k_on;
-  bool valid_slot;
-};
+// A raw-logit admission bound for the z-threshold `thr`: l < bound implies l / T < thr (IEEE
+// division is monotone; four ulps below thr * T cover the rounding of both operations), so the
+// hot loop divides only the logits it admits.
+__device__ __forceinline__ float admission_bound(float thr, float temperature) {
+  float bound = f_mul(thr, temperature);
+#pragma unroll
+  for (int s = 0; s < 4; ++s) bound = nextafterf(bound, kNegInf);
+  return bound;
+}
 
-__device__ __forceinline__ RowParams row_params(const int32_t* table, int64_t pool_rows,
-                                                SlotLayout layout, const int32_t* req_pool_indices,
-                                                const int32_t* valid_cache_lengths,
-                                                int32_t tokens_per_req, int64_t r, int32_t vocab) {
-  RowParams p{};
-  const int32_t slot = req_pool_indices[r / tokens_per_req];
-  p.valid_slot = slot >= 0 && slot < pool_rows;
-  if (!p.valid_slot) return p;
-  const SlotRow s{table + static_cast<int64_t>(slot) * layout.row_words(), layout};
-  p.temperature = s.temperature();
-  p.top_k = s.top_k();
-  p.top_p = s.top_p();
-  p.min_p = s.min_p();
-  p.seed = s.seed();
-  p.position = int64_t{valid_cache_lengths[slot]} + r % tokens_per_req;
-  p.greedy = is_greedy_row(p.temperature, p.top_k);
-  p.top_k_on = !top_k_disabled(p.top_k, vocab);
+__device__ __forceinline__ int next_pow2(int n) {
+  int p = 1;
+  while (p < n) p <<= 1;
   return p;
 }
 
@@ -121,17 +113,76 @@ struct ChunkResult {
   int32_t kept;          // candidates written (top-k rows)
 };
 
+struct Args {
+  int64_t row_stride;
+  int32_t vocab;
+  int32_t splits;
+  int32_t chunk_len;
+  int32_t k_cap;
+  const int32_t* req_pool_indices;
+  const int32_t* valid_cache_lengths;
+  const int32_t* table;
+  int64_t pool_rows;
+  SlotLayout layout;
+  int32_t tokens_per_req;
+  const int32_t* candidates;  // verify: [bs, tokens_per_req] drafts (penalties count them)
+  bool penalties;
+  bool want_raw;
+  ChunkResult* results;
+  Candidate* chunk_candidates;
+  int32_t* out_tokens;
+  bool* out_invalid;
+  float* out_logprobs;
+};
+
+struct RowParams {
+  SlotRow slot;
+  float temperature;
+  int32_t top_k;
+  float top_p;
+  float min_p;
+  uint64_t seed;
+  int64_t position;
+  int32_t row_in_req;  // j of a verify row: drafts 1..j precede it
+  bool greedy;
+  bool top_k_on;
+  bool valid_slot;
+};
+
+__device__ __forceinline__ RowParams row_params(const Args& a, int64_t r) {
+  RowParams p{};
+  const int32_t slot = a.req_pool_indices[r / a.tokens_per_req];
+  p.valid_slot = slot >= 0 && slot < a.pool_rows;
+  if (!p.valid_slot) return p;
+  p.slot = SlotRow{a.table + static_cast<int64_t>(slot) * a.layout.row_words(), a.layout};
+  p.temperature = p.slot.temperature();
+  p.top_k = p.slot.top_k();
+  p.top_p = p.slot.top_p();
+  p.min_p = p.slot.min_p();
+  p.seed = p.slot.seed();
+  p.row_in_req = static_cast<int32_t>(r % a.tokens_per_req);
+  p.position = int64_t{a.valid_cache_lengths[slot]} + p.row_in_req;
+  p.greedy = is_greedy_row(p.temperature, p.top_k);
+  p.top_k_on = !top_k_disabled(p.top_k, a.vocab);
+  return p;
+}
+
+__device__ __forceinline__ PenaltySource penalty_source(const Args& a, const RowParams& p, int64_t r) {
+  const int32_t* drafts = a.candidates ? a.candidates + (r - p.row_in_req) + 1 : nullptr;
+  return PenaltySource{p.slot, drafts, drafts ? p.row_in_req : 0};
+}
+
 template <typename T>
 __device__ __forceinline__ void load4(const T* row, int32_t i, int32_t end, float out[4]) {
   if constexpr (sizeof(T) == 4) {
     if (i + 3 < end && (reinterpret_cast<uintptr_t>(row + i) & 15) == 0) {
-      const float4 v = *reinterpret_cast<const float4*>(row + i);
+      const float4 v = __ldcs(reinterpret_cast<const float4*>(row + i));
       out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
       return;
     }
   } else {
     if (i + 3 < end && (reinterpret_cast<uintptr_t>(row + i) & 7) == 0) {
-      const uint2 v = *reinterpret_cast<const uint2*>(row + i);
+      const uint2 v = __ldcs(reinterpret_cast<const uint2*>(row + i));
       const T* h = reinterpret_cast<const T*>(&v);
 #pragma unroll
       for (int q = 0; q < 4; ++q) out[q] = static_cast<float>(h[q]);
@@ -140,6 +191,324 @@ __device__ __forceinline__ void load4(const T* row, int32_t i, int32_t end, floa
   }
 #pragma unroll
   for (int q = 0; q < 4; ++q) out[q] = i + q < end ? static_cast<float>(row[i + q]) : kNegInf;
+}
+
+// The k-th largest of the threads' values (a lower bound of the k-th largest z of the round:
+// at least k values reach it), to 16 key bits; -inf when fewer than k threads have a value.
+template <int kThreads>
+__device__ __forceinline__ float kth_thread_max(float v, int k) {
+  const uint32_t key = v == kNegInf ? 0u : rank_key(v);
+  uint32_t cut = 0;
+  for (int bit = 31; bit >= 16; --bit) {
+    const uint32_t trial = cut | (1u << bit);
+    if (__syncthreads_count(key >= trial) >= k) cut = trial;
+  }
+  return cut == 0 ? kNegInf : key_to_z(cut);
+}
+
+// Appends `c` to buf where `take` holds: one shared atomic per warp.
+__device__ __forceinline__ void append_candidate(bool take, Candidate c, Candidate* buf,
+                                                 int32_t* count) {
+  const uint32_t mask = __ballot_sync(0xffffffffu, take);
+  if (mask == 0) return;
+  const int lane = threadIdx.x & 31, leader = __ffs(mask) - 1;
+  int32_t base = 0;
+  if (lane == leader) base = atomicAdd(count, __popc(mask));
+  base = __shfl_sync(0xffffffffu, base, leader);
+  if (take) buf[base + __popc(mask & ((1u << lane) - 1u))] = c;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const T* __restrict__ logits, Args a) {
+  // Dynamic shared memory: [penalty bitmap, if penalties][candidate buffer, if top-k rows].
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  __shared__ Candidate scratch[kChunkThreads / 32];
+  __shared__ float red_m[kChunkThreads / 32], red_s[kChunkThreads / 32];
+  __shared__ int32_t red_n[kChunkThreads / 32];
+  __shared__ int32_t red_count[2 * kChunkThreads / 32];
+  __shared__ int32_t buf_count, compact_counter;
+  __shared__ float threshold;
+
+  const int64_t r = blockIdx.x / a.splits;
+  const int32_t split = blockIdx.x % a.splits;
+  const int32_t begin = split * a.chunk_len;
+  const int32_t end = min(a.vocab, begin + a.chunk_len);
+  const RowParams p = row_params(a, r);
+  ChunkResult* out = a.results + blockIdx.x;
+  if (!p.valid_slot) return;  // the finish kernel flags the row without reading chunks
+  const T* row = logits + r * a.row_stride;
+  const bool top_k_rows = !p.greedy && p.top_k_on && a.k_cap > 0;
+  const int32_t k = min(p.top_k, a.k_cap);
+  uint32_t* bitmap = reinterpret_cast<uint32_t*>(dyn_smem);
+  Candidate* buf = reinterpret_cast<Candidate*>(dyn_smem + (a.penalties ? kPenaltyBitmapWords * 4 : 0));
+  const PenaltySource pen = a.penalties ? penalty_source(a, p, r) : PenaltySource{};
+  if (a.penalties) mark_penalized_tokens<kChunkThreads>(pen, begin, end, bitmap);
+
+  Candidate argmax{kNegInf, kNoId}, best{kNegInf, kNoId}, inf_best{kNegInf, kNoId};
+  float raw_m = kNegInf, raw_s = 0.0f;
+  int32_t inf_count = 0;
+  if (threadIdx.x == 0) {
+    buf_count = 0;
+    threshold = kNegInf;
+  }
+  __syncthreads();
+
+  for (int32_t round = begin; round < end; round += kRoundTokens) {
+    float l[kLoadsInFlight][4];
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u)
+      load4(row, round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)), end, l[u]);
+    const float thr = top_k_rows ? threshold : 0.0f;
+    const float thr_raw = top_k_rows ? admission_bound(thr, p.temperature) : 0.0f;
+    float z[kLoadsInFlight][4];
+    float thread_max = kNegInf;
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const int32_t i = round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x));
+      const uint32_t marked = a.penalties && i < end ? penalty_nibble(bitmap, i, begin) : 0u;
+      float z_max4 = kNegInf;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const bool in_range = i + q < end;
+        float x = in_range ? sanitize_logit(l[u][q]) : kNegInf;
+        if (x == INFINITY) ++inf_count;  // penalties keep +-inf, so raw and processed agree
+        else if (a.want_raw) merge_lse(raw_m, raw_s, x, 1.0f);
+        if ((marked >> q) & 1u) x = penalize_token(pen, i + q, x);
+        // Greedy rows need the argmax; the others only whether any token is finite or +inf.
+        if (p.greedy) {
+          if (in_range) argmax = best_of(argmax, Candidate{x, i + q});
+        } else {
+          argmax.z = fmaxf(argmax.z, x);
+        }
+        if (top_k_rows) {
+          z[u][q] = x > kNegInf && x >= thr_raw ? scaled_logit(x, p.temperature) : kNegInf;
+        } else {
+          z[u][q] = p.greedy || x == kNegInf ? kNegInf : scaled_logit(x, p.temperature);
+        }
+        z_max4 = fmaxf(z_max4, z[u][q]);
+      }
+      thread_max = fmaxf(thread_max, z_max4);
+      if (!top_k_rows && !p.greedy && z_max4 > kNegInf &&
+          (z_max4 == INFINITY || double(z_max4) + 16.7 >= double(best.z))) {
+        // No-filter row: noise only where it can beat this thread's best (exact bounds).
+        const Philox4 w = random_words(p.seed, p.position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          if (z[u][q] == kNegInf) continue;
+          if (z[u][q] == INFINITY) {
+            inf_best = best_of(inf_best, Candidate{gumbel_from_word(w.v[q]), i + q});
+          } else if (double(z[u][q]) + gumbel_upper_bound(w.v[q]) + 1e-6 * fabs(double(z[u][q])) >=
+                     double(best.z)) {
+            best = best_of(best, Candidate{f_add(z[u][q], gumbel_from_word(w.v[q])), i + q});
+          }
+        }
+      }
+    }
+    if (top_k_rows) {
+      float admit = thr;
+      if (admit == kNegInf && k <= kChunkThreads) admit = kth_thread_max<kChunkThreads>(thread_max, k);
+#pragma unroll
+      for (int u = 0; u < kLoadsInFlight; ++u) {
+        const int32_t i = round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x));
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          append_candidate(z[u][q] > kNegInf && z[u][q] >= admit, Candidate{z[u][q], i + q}, buf,
+                           &buf_count);
+      }
+      __syncthreads();
+      const int held = buf_count;
+      if (held > kCompactAt) {
+        keep_top_k<kChunkThreads, kBufferCap / kChunkThreads>(buf, held, k, held, red_count,
+                                                             &compact_counter);
+        // The smallest kept z: nothing below it can enter the chunk's top-k.
+        Candidate lowest{kNegInf, kNoId};  // holds -z
+        for (int e = threadIdx.x; e < k; e += kChunkThreads)
+          lowest = best_of(lowest, Candidate{-buf[e].z, buf[e].id});
+        lowest = block_best<kChunkThreads>(lowest, scratch);
+        if (threadIdx.x == 0) {
+          buf_count = k;
+          threshold = -lowest.z;
+        }
+      } else if (admit > thr && threadIdx.x == 0) {
+        threshold = admit;
+      }
+      __syncthreads();
+    }
+  }
+
+  // Block reductions of the per-thread results.
+  argmax = block_best<kChunkThreads>(argmax, scratch);
+  best = block_best<kChunkThreads>(best, scratch);
+  inf_best = block_best<kChunkThreads>(inf_best, scratch);
+  warp_merge_lse(raw_m, raw_s);
+  inf_count = __reduce_add_sync(0xffffffffu, inf_count);
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) {
+    red_m[w] = raw_m;
+    red_s[w] = raw_s;
+    red_n[w] = inf_count;
+  }
+  if (top_k_rows) {  // exactly the chunk's k best, in no particular order
+    const int held = buf_count;
+    const int kept = keep_top_k<kChunkThreads, kBufferCap / kChunkThreads>(
+        buf, held, k, held, red_count, &compact_counter);
+    Candidate* dst = a.chunk_candidates + int64_t{blockIdx.x} * a.k_cap;
+    for (int e = threadIdx.x; e < kept; e += kChunkThreads) dst[e] = buf[e];
+    if (threadIdx.x == 0) out->kept = kept;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float m = kNegInf, s = 0.0f;
+    int32_t n = 0;
+    for (int j = 0; j < kChunkThreads / 32; ++j) {
+      merge_lse(m, s, red_m[j], red_s[j]);
+      n += red_n[j];
+    }
+    out->argmax = argmax;
+    out->best = best;
+    out->inf_best = inf_best;
+    out->raw_max = m;
+    out->raw_sum = s;
+    out->inf_count = n;
+    if (!top_k_rows) out->kept = 0;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restrict__ logits, Args a) {
+  __shared__ Candidate buf[kMergeCap];
+  __shared__ float mass[kSplitMaxTopK];
+  __shared__ Candidate scratch[kFinishThreads / 32];
+  __shared__ float red_m[kFinishThreads / 32], red_s[kFinishThreads / 32];
+  __shared__ int32_t red_count[2 * kFinishThreads / 32];
+  __shared__ int32_t kept_of[kMaxSplits];
+  __shared__ int32_t keep_count, counter;
+
+  const int64_t r = blockIdx.x;
+  const RowParams p = row_params(a, r);
+  if (!p.valid_slot) {
+    if (threadIdx.x == 0) {
+      a.out_tokens[r] = 0;
+      a.out_invalid[r] = true;
+    }
+    return;
+  }
+  // One chunk per thread, then block reductions.
+  Candidate argmax{kNegInf, kNoId}, best{kNegInf, kNoId}, inf_best{kNegInf, kNoId};
+  float raw_m = kNegInf, raw_s = 0.0f;
+  int32_t inf_count = 0, kept = 0;
+  if (threadIdx.x < a.splits) {
+    const ChunkResult c = a.results[r * a.splits + threadIdx.x];
+    argmax = c.argmax;
+    best = c.best;
+    inf_best = c.inf_best;
+    raw_m = c.raw_max;
+    raw_s = c.raw_sum;
+    inf_count = c.inf_count;
+    kept = c.kept;
+    kept_of[threadIdx.x] = kept;
+  }
+  argmax = block_best<kFinishThreads>(argmax, scratch);
+  best = block_best<kFinishThreads>(best, scratch);
+  inf_best = block_best<kFinishThreads>(inf_best, scratch);
+  int parity = 0;
+  inf_count = block_count<kFinishThreads>(inf_count, red_count, parity);
+  const int total = block_count<kFinishThreads>(kept, red_count, parity);
+  if (a.want_raw) {
+    warp_merge_lse(raw_m, raw_s);
+    if ((threadIdx.x & 31) == 0) {
+      red_m[threadIdx.x >> 5] = raw_m;
+      red_s[threadIdx.x >> 5] = raw_s;
+    }
+    __syncthreads();
+    raw_m = kNegInf;
+    raw_s = 0.0f;
+    for (int j = 0; j < kFinishThreads / 32; ++j) merge_lse(raw_m, raw_s, red_m[j], red_s[j]);
+  }
+
+  const bool invalid = argmax.z == kNegInf;
+  int32_t token = 0;
+  if (invalid) {
+    token = 0;
+  } else if (p.greedy) {
+    token = argmax.id;
+  } else if (!p.top_k_on) {
+    token = inf_count > 0 ? inf_best.id : best.id;
+  } else {
+    // The chunks' candidates with holes where a chunk kept fewer than k_cap, then the row's
+    // exact top-k set (m candidates) at buf[0, m).
+    const int slots = a.splits * a.k_cap;
+    const Candidate* src = a.chunk_candidates + r * slots;
+    for (int e = threadIdx.x; e < slots; e += kFinishThreads) {
+      const int s = e / a.k_cap, j = e - s * a.k_cap;
+      buf[e] = j < kept_of[s] ? src[e] : Candidate{kNegInf, kNoId};
+    }
+    __syncthreads();
+    const int m = keep_top_k<kFinishThreads, kMergeCap / kFinishThreads>(buf, slots, p.top_k, total,
+                                                                        red_count, &counter);
+    Candidate top{kNegInf, kNoId};
+    for (int e = threadIdx.x; e < m; e += kFinishThreads) top = best_of(top, buf[e]);
+    const float z_max = block_best<kFinishThreads>(top, scratch).z;
+    const bool ordered = z_max == INFINITY || p.top_p < 1.0f;
+    if (ordered) {  // rank order of the (<= 512) kept candidates
+      const int n = next_pow2(max(m, 1));
+      for (int e = m + threadIdx.x; e < n; e += kFinishThreads) buf[e] = Candidate{kNegInf, kNoId};
+      __syncthreads();
+      bitonic_sort<kFinishThreads>(buf, n);
+    }
+    if (z_max == INFINITY) {
+      // Uniform among the +inf tokens of the top-k set; top-p keeps the first ceil(p * m).
+      if (threadIdx.x == 0) {
+        int m_inf = 0;
+        while (m_inf < m && buf[m_inf].z == INFINITY) ++m_inf;
+        int keep = 0;
+        while (keep < m_inf && static_cast<float>(keep) / static_cast<float>(m_inf) < p.top_p) ++keep;
+        keep_count = max(keep, 1);
+      }
+      __syncthreads();
+      Candidate c{kNegInf, kNoId};
+      for (int j = threadIdx.x; j < keep_count; j += kFinishThreads)
+        c = best_of(c, Candidate{gumbel_noise(p.seed, p.position, buf[j].id, kStreamGumbel), buf[j].id});
+      token = block_best<kFinishThreads>(c, scratch).id;
+    } else {
+      if (p.top_p < 1.0f) {
+        for (int j = threadIdx.x; j < m; j += kFinishThreads) mass[j] = expf(f_sub(buf[j].z, z_max));
+        __syncthreads();
+        if (threadIdx.x == 0) {  // sequential fp32 sums in rank order, as the CPU reference
+          float total_mass = 0.0f;
+          for (int j = 0; j < m; ++j) total_mass = f_add(total_mass, mass[j]);
+          const float limit = f_mul(p.top_p, total_mass);
+          float before_mass = 0.0f;
+          int keep = 0;
+          while (keep < m && before_mass < limit) before_mass = f_add(before_mass, mass[keep++]);
+          keep_count = max(keep, 1);
+        }
+      } else if (threadIdx.x == 0) {
+        keep_count = m;
+      }
+      __syncthreads();
+      const float cut = min_p_threshold(z_max, p.min_p);
+      Candidate c{kNegInf, kNoId};
+      for (int j = threadIdx.x; j < keep_count; j += kFinishThreads) {
+        if (buf[j].z < cut) continue;
+        const float score = f_add(buf[j].z, gumbel_noise(p.seed, p.position, buf[j].id, kStreamGumbel));
+        c = best_of(c, Candidate{score, buf[j].id});
+      }
+      token = block_best<kFinishThreads>(c, scratch).id;
+    }
+  }
+  if (threadIdx.x == 0) {
+    a.out_tokens[r] = token;
+    a.out_invalid[r] = invalid;
+    if (a.out_logprobs != nullptr) {
+      const float raw = sanitize_logit(static_cast<float>(logits[r * a.row_stride + token]));
+      float lp;
+      if (inf_count > 0) lp = raw == INFINITY ? -logf(static_cast<float>(inf_count)) : kNegInf;
+      else if (raw_m == kNegInf) lp = kNegInf;
+      else lp = static_cast<float>(double(raw) - double(raw_m) - log(double(raw_s)));
+      a.out_logprobs[r] = lp;
+    }
+  }
 }
 
 }  // namespace tokensampler::cuda::split_row

@@ -1,0 +1,157 @@
+// Block-wide exact top-k selection over candidates in shared memory, without sorting.
+//
+// The rank order is (z descending, id ascending). The k-th candidate is found by bisection:
+// 32 steps on an order-preserving key of z, each one block-wide count of the keys at or above
+// a trial value, then (only when several candidates tie on the boundary z) 31 steps on the id.
+// Each step is a few shared-memory loads per thread and one barrier; a bitonic sort of the same
+// buffer takes ~log2(n)^2 / 2 barrier stages with a full pass of compare-exchanges in each.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "tokensampler/platform.h"
+#include "tokensampler/row_rules.h"
+
+namespace tokensampler::cuda::split_row {
+
+constexpr int32_t kNoId = 0x7FFFFFFF;
+
+struct Candidate {
+  float z;
+  int32_t id;
+};
+
+__device__ __forceinline__ bool before(const Candidate& a, const Candidate& b) {
+  return ranks_before(a.z, a.id, b.z, b.id);
+}
+
+// Order-preserving key of z: a larger key ranks earlier; -0 and +0 share a key; 0 is below every
+// real z (the key of -inf is 0x007FFFFF) and marks an empty slot.
+__device__ __forceinline__ uint32_t rank_key(float z) {
+  const uint32_t u = float_bits(z == 0.0f ? 0.0f : z);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float key_to_z(uint32_t key) {
+  return bits_float((key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key);
+}
+
+__device__ __forceinline__ uint32_t slot_key(const Candidate& c) {
+  return c.id == kNoId ? 0u : rank_key(c.z);
+}
+
+// Block-wide sum; one barrier per call. `red` holds 2 * kThreads / 32 ints and `parity` alternates
+// between its halves, so a call never overwrites what a slower thread may still read.
+template <int kThreads>
+__device__ __forceinline__ int32_t block_count(int32_t c, int32_t* red, int& parity) {
+  constexpr int kWarps = kThreads / 32;
+  c = __reduce_add_sync(0xffffffffu, c);
+  int32_t* half = red + parity * kWarps;
+  if ((threadIdx.x & 31) == 0) half[threadIdx.x >> 5] = c;
+  __syncthreads();
+  int32_t total = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total += half[w];
+  parity ^= 1;
+  return total;
+}
+
+// Boundary of the top-k: a candidate is kept iff key > key, or key == key and id <= id.
+struct Cut {
+  uint32_t key;
+  int32_t id;
+};
+
+__device__ __forceinline__ bool kept_by(const Cut& cut, const Candidate& c) {
+  const uint32_t key = slot_key(c);
+  return key > cut.key || (key == cut.key && c.id <= cut.id);
+}
+
+// The exact top-k cut of buf[0, n) (empty slots: id kNoId), 1 <= k <= real candidates.
+template <int kThreads, int kPerThread>
+__device__ Cut select_cut(const Candidate* buf, int n, int k, int32_t* red) {
+  int parity = 0;
+  auto count_if = [&](auto pred) {
+    int32_t c = 0;
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int e = static_cast<int>(threadIdx.x) + j * kThreads;
+      if (e < n && pred(buf[e])) ++c;
+    }
+    return block_count<kThreads>(c, red, parity);
+  };
+  uint32_t key = 0;  // the largest key with at least k candidates at or above it: the k-th key
+  for (int bit = 31; bit >= 0; --bit) {
+    const uint32_t trial = key | (1u << bit);
+    if (count_if([&](const Candidate& c) { return slot_key(c) >= trial; }) >= k) key = trial;
+  }
+  const int32_t above = count_if([&](const Candidate& c) { return slot_key(c) > key; });
+  const int32_t tied = count_if([&](const Candidate& c) { return slot_key(c) == key; });
+  const int32_t need = k - above;  // 1 <= need <= tied
+  int32_t id = kNoId - 1;
+  if (need < tied) {  // the need-th smallest id among the ties
+    int32_t lo = 0;   // the largest value with fewer than `need` tied ids below it
+    for (int bit = 30; bit >= 0; --bit) {
+      const int32_t trial = lo | (1 << bit);
+      if (count_if([&](const Candidate& c) { return slot_key(c) == key && c.id < trial; }) < need)
+        lo = trial;
+    }
+    id = lo;
+  }
+  return Cut{key, id};
+}
+
+// Keeps the exact top-k of buf[0, n) and moves them to buf[0, k) (in no particular order).
+// Returns the new count, min(k, real candidates) when `real` is that count. Syncs.
+template <int kThreads, int kPerThread>
+__device__ int keep_top_k(Candidate* buf, int n, int k, int real, int32_t* red, int32_t* counter) {
+  if (real == 0) return 0;
+  if (real <= k && real == n) return n;
+  k = min(k, real);
+  if (threadIdx.x == 0) *counter = 0;
+  const Cut cut = select_cut<kThreads, kPerThread>(buf, n, k, red);
+  Candidate mine[kPerThread];
+  bool keep[kPerThread];
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int e = static_cast<int>(threadIdx.x) + j * kThreads;
+    mine[j] = e < n ? buf[e] : Candidate{kNegInf, kNoId};
+    keep[j] = e < n && kept_by(cut, mine[j]);
+  }
+  __syncthreads();  // every read of buf before the first write
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const uint32_t mask = __ballot_sync(0xffffffffu, keep[j]);
+    if (mask == 0) continue;
+    const int leader = __ffs(mask) - 1;
+    int32_t base = 0;
+    if (lane == leader) base = atomicAdd(counter, __popc(mask));
+    base = __shfl_sync(0xffffffffu, base, leader);
+    if (keep[j]) buf[base + __popc(mask & ((1u << lane) - 1u))] = mine[j];
+  }
+  __syncthreads();
+  return k;
+}
+
+// Sorts buf[0, n) (n a power of two) into rank order with a block-wide bitonic network.
+template <int kThreads>
+__device__ void bitonic_sort(Candidate* buf, int n) {
+  for (int size = 2; size <= n; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int idx = threadIdx.x; idx < (n >> 1); idx += kThreads) {
+        const int pos = 2 * idx - (idx & (stride - 1));
+        const int partner = pos + stride;
+        const Candidate a = buf[pos], b = buf[partner];
+        const bool rank_order = (pos & size) == 0;
+        if (rank_order ? before(b, a) : before(a, b)) {
+          buf[pos] = b;
+          buf[partner] = a;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+}  // namespace tokensampler::cuda::split_row

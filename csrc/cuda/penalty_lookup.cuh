@@ -1,0 +1,90 @@
+// Penalties and bias of one row on the device (DESIGN §3.2–3.4), shared by the generic and the
+// split-row sampling kernels. Only tokens in the slot's history, its bias list or this row's
+// earlier drafts change; a bitmap in shared memory (bit = (token - base) mod 2^16) rejects every
+// other token with one load, and a marked token is found by binary search in the slot's sorted
+// history / bias lists.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "tokensampler/row_rules.h"
+#include "tokensampler/slot_layout.h"
+
+namespace tokensampler::cuda {
+
+constexpr int kPenaltyBitmapWords = 2048;  // 65536 bits: exact for ranges up to 2^16 tokens
+
+struct PenaltySource {
+  SlotRow slot;
+  const int32_t* drafts;  // earlier draft tokens of this verify row, or nullptr
+  int32_t num_drafts;
+};
+
+__device__ __forceinline__ uint32_t penalty_bit(int32_t token, int32_t base) {
+  return static_cast<uint32_t>(token - base) & (kPenaltyBitmapWords * 32 - 1);
+}
+
+// Marks the penalised tokens in [base, end) with all kThreads threads of the block. Syncs.
+template <int kThreads>
+__device__ void mark_penalized_tokens(const PenaltySource& src, int32_t base, int32_t end,
+                                      uint32_t* bitmap) {
+  __syncthreads();
+  for (int w = threadIdx.x; w < kPenaltyBitmapWords; w += kThreads) bitmap[w] = 0u;
+  __syncthreads();
+  auto mark = [&](int32_t t) {
+    if (t >= base && t < end) {
+      const uint32_t b = penalty_bit(t, base);
+      atomicOr(&bitmap[b >> 5], 1u << (b & 31));
+    }
+  };
+  const int32_t hl = min(max(src.slot.history_len(), 0), src.slot.layout.history_capacity);
+  const int32_t bl = min(max(src.slot.bias_len(), 0), src.slot.layout.bias_capacity);
+  for (int32_t k = threadIdx.x; k < hl; k += kThreads) mark(src.slot.history_tokens()[k]);
+  for (int32_t k = threadIdx.x; k < bl; k += kThreads) mark(src.slot.bias_tokens()[k]);
+  for (int32_t k = threadIdx.x; k < src.num_drafts; k += kThreads) mark(src.drafts[k]);
+  __syncthreads();
+}
+
+// Bits of tokens i .. i + 3 (i - base a multiple of 4, so they share one word).
+__device__ __forceinline__ uint32_t penalty_nibble(const uint32_t* bitmap, int32_t i, int32_t base) {
+  const uint32_t b = penalty_bit(i, base);
+  return (bitmap[b >> 5] >> (b & 31)) & 0xFu;
+}
+
+__device__ __forceinline__ bool maybe_penalized(const uint32_t* bitmap, int32_t i, int32_t base) {
+  const uint32_t b = penalty_bit(i, base);
+  return (bitmap[b >> 5] >> (b & 31)) & 1u;
+}
+
+// Index of `token` in the sorted list, or -1.
+__device__ __forceinline__ int32_t find_sorted(const int32_t* list, int32_t n, int32_t token) {
+  int32_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int32_t mid = (lo + hi) >> 1;
+    if (list[mid] < token) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < n && list[lo] == token ? lo : -1;
+}
+
+// The processed logit of a marked token i (l already sanitised).
+__device__ __forceinline__ float penalize_token(const PenaltySource& src, int32_t i, float l) {
+  const SlotRow& s = src.slot;
+  const int32_t hl = min(max(s.history_len(), 0), s.layout.history_capacity);
+  const int32_t bl = min(max(s.bias_len(), 0), s.layout.bias_capacity);
+  const int32_t h = find_sorted(s.history_tokens(), hl, i);
+  bool in_history = h >= 0;
+  int32_t count = in_history ? s.history_counts()[h] : 0;
+  for (int32_t k = 0; k < src.num_drafts; ++k) {
+    if (src.drafts[k] == i) {
+      in_history = true;
+      count += 1;
+    }
+  }
+  const int32_t b = find_sorted(s.bias_tokens(), bl, i);
+  if (!in_history && b < 0) return l;
+  return penalized_logit(l, in_history, count, s.repetition(), s.frequency(), s.presence(),
+                         b >= 0 ? s.bias_value(b) : 0.0f);
+}
+
+}  // namespace tokensampler::cuda
