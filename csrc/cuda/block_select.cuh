@@ -68,12 +68,14 @@ __device__ __forceinline__ bool kept_by(const Cut& cut, const Candidate& c) {
 }
 
 // The exact top-k cut of buf[0, n) (empty slots: id kNoId), 1 <= k <= real candidates.
+// Loops stay rolled and the functions out of line: they run a few times per block, next to hot
+// loops that need the instruction cache.
 template <int kThreads, int kPerThread>
-__device__ Cut select_cut(const Candidate* buf, int n, int k, int32_t* red) {
+__device__ __noinline__ Cut select_cut(const Candidate* buf, int n, int k, int32_t* red) {
   int parity = 0;
   auto count_if = [&](auto pred) {
     int32_t c = 0;
-#pragma unroll
+#pragma unroll 1
     for (int j = 0; j < kPerThread; ++j) {
       const int e = static_cast<int>(threadIdx.x) + j * kThreads;
       if (e < n && pred(buf[e])) ++c;
@@ -104,7 +106,7 @@ __device__ Cut select_cut(const Candidate* buf, int n, int k, int32_t* red) {
 // Keeps the exact top-k of buf[0, n) and moves them to buf[0, k) (in no particular order).
 // Returns the new count, min(k, real candidates) when `real` is that count. Syncs.
 template <int kThreads, int kPerThread>
-__device__ int keep_top_k(Candidate* buf, int n, int k, int real, int32_t* red, int32_t* counter) {
+__device__ __noinline__ int keep_top_k(Candidate* buf, int n, int k, int real, int32_t* red, int32_t* counter) {
   if (real == 0) return 0;
   if (real <= k && real == n) return n;
   k = min(k, real);
@@ -112,7 +114,7 @@ __device__ int keep_top_k(Candidate* buf, int n, int k, int real, int32_t* red, 
   const Cut cut = select_cut<kThreads, kPerThread>(buf, n, k, red);
   Candidate mine[kPerThread];
   bool keep[kPerThread];
-#pragma unroll
+#pragma unroll 1
   for (int j = 0; j < kPerThread; ++j) {
     const int e = static_cast<int>(threadIdx.x) + j * kThreads;
     mine[j] = e < n ? buf[e] : Candidate{kNegInf, kNoId};
@@ -120,7 +122,7 @@ __device__ int keep_top_k(Candidate* buf, int n, int k, int real, int32_t* red, 
   }
   __syncthreads();  // every read of buf before the first write
   const int lane = threadIdx.x & 31;
-#pragma unroll
+#pragma unroll 1
   for (int j = 0; j < kPerThread; ++j) {
     const uint32_t mask = __ballot_sync(0xffffffffu, keep[j]);
     if (mask == 0) continue;

@@ -206,6 +206,47 @@ __device__ __forceinline__ float kth_thread_max(float v, int k) {
   return cut == 0 ? kNegInf : key_to_z(cut);
 }
 
+// Raw (max, sum-exp) partials of four logits (sanitised; +inf counted elsewhere). Out of line
+// like the other per-group helpers below: the hot loop stays small enough for the instruction
+// cache, and these run only for the rows and groups that need them.
+__device__ __noinline__ void fold_raw_group(float4 x4, float& m, float& s) {
+  const float x[4] = {x4.x, x4.y, x4.z, x4.w};
+#pragma unroll 1
+  for (int q = 0; q < 4; ++q)
+    if (x[q] != INFINITY) merge_lse(m, s, x[q], 1.0f);
+}
+
+// Top-k rows: z = x / T of four processed logits at or above the admission bound, -inf below.
+__device__ __noinline__ float4 scaled_group(float4 x4, float bound, float temperature) {
+  auto z = [&](float x) { return x > kNegInf && x >= bound ? scaled_logit(x, temperature) : kNegInf; };
+  return make_float4(z(x4.x), z(x4.y), z(x4.z), z(x4.w));
+}
+
+// No-filter rows: folds tokens i .. i + 3 (processed logits x; -inf skipped) into the thread's
+// best z + G and its best G over +inf tokens. Noise keyed by token id is needed only where it
+// can win: z + an exact upper bound of G from the random word must reach the best so far (z
+// estimated as x * (1 / T) with a relative margin that covers both roundings; the exact z = x / T
+// where it counts). Out of line, so the hot loop stays small enough for the instruction cache.
+__device__ __noinline__ void fold_gumbel_group(float4 x4, int32_t i, uint64_t seed, int64_t position,
+                                               float temperature, float inv_t, Candidate& best,
+                                               Candidate& inf_best) {
+  const Philox4 w = random_words(seed, position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
+  const float x[4] = {x4.x, x4.y, x4.z, x4.w};
+#pragma unroll 1
+  for (int q = 0; q < 4; ++q) {
+    if (x[q] == kNegInf) continue;
+    if (x[q] == INFINITY) {
+      inf_best = best_of(inf_best, Candidate{gumbel_from_word(w.v[q]), i + q});
+      continue;
+    }
+    const float z_est = x[q] * inv_t;
+    if (z_est + gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) >= best.z) {
+      const float z = scaled_logit(x[q], temperature);
+      best = best_of(best, Candidate{f_add(z, gumbel_from_word(w.v[q])), i + q});
+    }
+  }
+}
+
 // Appends `c` to buf where `take` holds: one shared atomic per warp.
 __device__ __forceinline__ void append_candidate(bool take, Candidate c, Candidate* buf,
                                                  int32_t* count) {
@@ -242,6 +283,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const T* __restric
   uint32_t* bitmap = reinterpret_cast<uint32_t*>(dyn_smem);
   Candidate* buf = reinterpret_cast<Candidate*>(dyn_smem + (a.penalties ? kPenaltyBitmapWords * 4 : 0));
   const PenaltySource pen = a.penalties ? penalty_source(a, p, r) : PenaltySource{};
+  const float inv_t = 1.0f / p.temperature;  // estimates only; exact z = x / T where it counts
   if (a.penalties) mark_penalized_tokens<kChunkThreads>(pen, begin, end, bitmap);
 
   Candidate argmax{kNegInf, kNoId}, best{kNegInf, kNoId}, inf_best{kNegInf, kNoId};
@@ -260,48 +302,42 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const T* __restric
       load4(row, round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)), end, l[u]);
     const float thr = top_k_rows ? threshold : 0.0f;
     const float thr_raw = top_k_rows ? admission_bound(thr, p.temperature) : 0.0f;
-    float z[kLoadsInFlight][4];
+    float z[kLoadsInFlight][4];  // top-k rows: z of the tokens at or above the threshold
     float thread_max = kNegInf;
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
       const int32_t i = round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x));
       const uint32_t marked = a.penalties && i < end ? penalty_nibble(bitmap, i, begin) : 0u;
-      float z_max4 = kNegInf;
+      float x_max4 = kNegInf;
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const bool in_range = i + q < end;
-        float x = in_range ? sanitize_logit(l[u][q]) : kNegInf;
+        float& x = l[u][q];
+        x = i + q < end ? sanitize_logit(x) : kNegInf;
         if (x == INFINITY) ++inf_count;  // penalties keep +-inf, so raw and processed agree
-        else if (a.want_raw) merge_lse(raw_m, raw_s, x, 1.0f);
+      }
+      if (a.want_raw) fold_raw_group(make_float4(l[u][0], l[u][1], l[u][2], l[u][3]), raw_m, raw_s);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        float& x = l[u][q];
         if ((marked >> q) & 1u) x = penalize_token(pen, i + q, x);
         // Greedy rows need the argmax; the others only whether any token is finite or +inf.
         if (p.greedy) {
-          if (in_range) argmax = best_of(argmax, Candidate{x, i + q});
-        } else {
-          argmax.z = fmaxf(argmax.z, x);
+          if (i + q < end) argmax = best_of(argmax, Candidate{x, i + q});
         }
-        if (top_k_rows) {
-          z[u][q] = x > kNegInf && x >= thr_raw ? scaled_logit(x, p.temperature) : kNegInf;
-        } else {
-          z[u][q] = p.greedy || x == kNegInf ? kNegInf : scaled_logit(x, p.temperature);
-        }
-        z_max4 = fmaxf(z_max4, z[u][q]);
+        x_max4 = fmaxf(x_max4, x);
       }
-      thread_max = fmaxf(thread_max, z_max4);
-      if (!top_k_rows && !p.greedy && z_max4 > kNegInf &&
-          (z_max4 == INFINITY || double(z_max4) + 16.7 >= double(best.z))) {
-        // No-filter row: noise only where it can beat this thread's best (exact bounds).
-        const Philox4 w = random_words(p.seed, p.position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          if (z[u][q] == kNegInf) continue;
-          if (z[u][q] == INFINITY) {
-            inf_best = best_of(inf_best, Candidate{gumbel_from_word(w.v[q]), i + q});
-          } else if (double(z[u][q]) + gumbel_upper_bound(w.v[q]) + 1e-6 * fabs(double(z[u][q])) >=
-                     double(best.z)) {
-            best = best_of(best, Candidate{f_add(z[u][q], gumbel_from_word(w.v[q])), i + q});
-          }
-        }
+      argmax.z = p.greedy ? argmax.z : fmaxf(argmax.z, x_max4);
+      const float4 x4 = make_float4(l[u][0], l[u][1], l[u][2], l[u][3]);
+      if (top_k_rows) {
+        const float4 z4 = x_max4 > kNegInf && x_max4 >= thr_raw
+                              ? scaled_group(x4, thr_raw, p.temperature)
+                              : make_float4(kNegInf, kNegInf, kNegInf, kNegInf);
+        z[u][0] = z4.x; z[u][1] = z4.y; z[u][2] = z4.z; z[u][3] = z4.w;
+        thread_max = fmaxf(thread_max, fmaxf(fmaxf(z4.x, z4.y), fmaxf(z4.z, z4.w)));
+      } else if (!p.greedy && x_max4 > kNegInf) {
+        const float z_est = x_max4 * inv_t;  // G <= 16.64; the margins cover the rounding
+        if (x_max4 == INFINITY || z_est + 16.7f + 1e-5f * fabsf(z_est) >= best.z)
+          fold_gumbel_group(x4, i, p.seed, p.position, p.temperature, inv_t, best, inf_best);
       }
     }
     if (top_k_rows) {
