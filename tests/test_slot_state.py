@@ -50,6 +50,24 @@ def test_first_admission_flips_and_scatters(backend):
     assert backend.top_k_pool[5].item() == -1
 
 
+@pytest.mark.parametrize("bs", [1, 3])
+def test_row_params_gathers_the_pools(backend, bs):
+    """The per-row parameters that samplers outside the kernels read (FlashInfer adapters,
+    vocab-parallel sampling), one request included: seeds with the high bit set survive."""
+    seeds = [42, 2**63 + 5, 2**40 + 123][:bs]
+    slots = [3, 1, 5][:bs]
+    backend.prepare_step([f"r{i}" for i in range(bs)], slots,
+                         [sp(temperature=0.5 + i, top_k=10 + i, seed=s) for i, s in enumerate(seeds)])
+    info = ts.SamplingBatchInfo(torch.tensor(slots, dtype=torch.int32),
+                                torch.arange(8, dtype=torch.int32) * 10, 100, "cpu")
+    p = backend.row_params(info, 2)
+    expect = [s - 2**64 if s >= 2**63 else s for s in seeds]
+    assert p.seed.tolist() == [s for s in expect for _ in range(2)]
+    assert p.position.tolist() == [x for sl in slots for x in (10 * sl, 10 * sl + 1)]
+    assert p.top_k.tolist() == [10 + i for i in range(bs) for _ in range(2)]
+    assert p.temperature.tolist() == pytest.approx([0.5 + i for i in range(bs) for _ in range(2)])
+
+
 def test_unseeded_request_gets_rid_derived_seed(backend):
     backend.prepare_step(["rid-x"], [2], [ts.SamplingParams()])
     assert backend.seed_pool[2].item() == ts.SamplingParams().resolve_seed("rid-x")

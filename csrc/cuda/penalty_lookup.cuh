@@ -69,7 +69,7 @@ __device__ __forceinline__ int32_t find_sorted(const int32_t* list, int32_t n, i
 
 // The processed logit of a marked token i (l already sanitised). Out of line: it is the rare path
 // of the kernels' hot loops, which must stay small enough for the instruction cache.
-__device__ __noinline__ float penalize_token(const PenaltySource& src, int32_t i, float l) {
+inline __device__ __noinline__ float penalize_token(const PenaltySource& src, int32_t i, float l) {
   const SlotRow& s = src.slot;
   const int32_t hl = min(max(s.history_len(), 0), s.layout.history_capacity);
   const int32_t bl = min(max(s.bias_len(), 0), s.layout.bias_capacity);

@@ -209,7 +209,7 @@ __device__ __forceinline__ float kth_thread_max(float v, int k) {
 // Raw (max, sum-exp) partials of four logits (sanitised; +inf counted elsewhere). Out of line
 // like the other per-group helpers below: the hot loop stays small enough for the instruction
 // cache, and these run only for the rows and groups that need them.
-__device__ __noinline__ void fold_raw_group(float4 x4, float& m, float& s) {
+inline __device__ __noinline__ void fold_raw_group(float4 x4, float& m, float& s) {
   const float x[4] = {x4.x, x4.y, x4.z, x4.w};
 #pragma unroll 1
   for (int q = 0; q < 4; ++q)
@@ -217,7 +217,7 @@ __device__ __noinline__ void fold_raw_group(float4 x4, float& m, float& s) {
 }
 
 // Top-k rows: z = x / T of four processed logits at or above the admission bound, -inf below.
-__device__ __noinline__ float4 scaled_group(float4 x4, float bound, float temperature) {
+inline __device__ __noinline__ float4 scaled_group(float4 x4, float bound, float temperature) {
   auto z = [&](float x) { return x > kNegInf && x >= bound ? scaled_logit(x, temperature) : kNegInf; };
   return make_float4(z(x4.x), z(x4.y), z(x4.z), z(x4.w));
 }
@@ -227,9 +227,10 @@ __device__ __noinline__ float4 scaled_group(float4 x4, float bound, float temper
 // can win: z + an exact upper bound of G from the random word must reach the best so far (z
 // estimated as x * (1 / T) with a relative margin that covers both roundings; the exact z = x / T
 // where it counts). Out of line, so the hot loop stays small enough for the instruction cache.
-__device__ __noinline__ void fold_gumbel_group(float4 x4, int32_t i, uint64_t seed, int64_t position,
-                                               float temperature, float inv_t, Candidate& best,
-                                               Candidate& inf_best) {
+inline __device__ __noinline__ void fold_gumbel_group(float4 x4, int32_t i, uint64_t seed,
+                                                      int64_t position, float temperature,
+                                                      float inv_t, Candidate& best,
+                                                      Candidate& inf_best) {
   const Philox4 w = random_words(seed, position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
   const float x[4] = {x4.x, x4.y, x4.z, x4.w};
 #pragma unroll 1

@@ -97,8 +97,10 @@ class GumbelSamplingBackend(SamplingBackend):
 
     @staticmethod
     def _seeds(rows: torch.Tensor) -> torch.Tensor:
-        lo = _COL["seed_lo"]
-        return rows[:, lo:lo + 2].contiguous().view(torch.int64).view(-1)
+        # Arithmetic, not a dtype view: a view of one gathered row keeps an odd storage offset.
+        lo = rows[:, _COL["seed_lo"]].to(torch.int64) & 0xFFFFFFFF
+        hi = rows[:, _COL["seed_lo"] + 1].to(torch.int64)
+        return (hi << 32) | lo
 
     def row_params(self, sampling_info: SamplingBatchInfo, n: int) -> RowParams:
         """The pools' parameters of each of the step's bs * n rows, gathered on the device
