@@ -70,16 +70,12 @@ __device__ __forceinline__ bool kept_by(const Cut& cut, const Candidate& c) {
 // The exact top-k cut of buf[0, n) (empty slots: id kNoId), 1 <= k <= real candidates.
 // Loops stay rolled and the functions out of line: they run a few times per block, next to hot
 // loops that need the instruction cache.
-template <int kThreads, int kPerThread>
+template <int kThreads>
 __device__ __noinline__ Cut select_cut(const Candidate* buf, int n, int k, int32_t* red) {
   int parity = 0;
   auto count_if = [&](auto pred) {
     int32_t c = 0;
-#pragma unroll 1
-    for (int j = 0; j < kPerThread; ++j) {
-      const int e = static_cast<int>(threadIdx.x) + j * kThreads;
-      if (e < n && pred(buf[e])) ++c;
-    }
+    for (int e = threadIdx.x; e < n; e += kThreads) c += pred(buf[e]) ? 1 : 0;
     return block_count<kThreads>(c, red, parity);
   };
   uint32_t key = 0;  // the largest key with at least k candidates at or above it: the k-th key
@@ -111,7 +107,7 @@ __device__ __noinline__ int keep_top_k(Candidate* buf, int n, int k, int real, i
   if (real <= k && real == n) return n;
   k = min(k, real);
   if (threadIdx.x == 0) *counter = 0;
-  const Cut cut = select_cut<kThreads, kPerThread>(buf, n, k, red);
+  const Cut cut = select_cut<kThreads>(buf, n, k, red);
   Candidate mine[kPerThread];
   bool keep[kPerThread];
 #pragma unroll 1

@@ -222,30 +222,12 @@ inline __device__ __noinline__ float4 scaled_group(float4 x4, float bound, float
   return make_float4(z(x4.x), z(x4.y), z(x4.z), z(x4.w));
 }
 
-// No-filter rows: folds tokens i .. i + 3 (processed logits x; -inf skipped) into the thread's
-// best z + G and its best G over +inf tokens. Noise keyed by token id is needed only where it
-// can win: z + an exact upper bound of G from the random word must reach the best so far (z
-// estimated as x * (1 / T) with a relative margin that covers both roundings; the exact z = x / T
-// where it counts). Out of line, so the hot loop stays small enough for the instruction cache.
-inline __device__ __noinline__ void fold_gumbel_group(float4 x4, int32_t i, uint64_t seed,
-                                                      int64_t position, float temperature,
-                                                      float inv_t, Candidate& best,
-                                                      Candidate& inf_best) {
-  const Philox4 w = random_words(seed, position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
-  const float x[4] = {x4.x, x4.y, x4.z, x4.w};
-#pragma unroll 1
-  for (int q = 0; q < 4; ++q) {
-    if (x[q] == kNegInf) continue;
-    if (x[q] == INFINITY) {
-      inf_best = best_of(inf_best, Candidate{gumbel_from_word(w.v[q]), i + q});
-      continue;
-    }
-    const float z_est = x[q] * inv_t;
-    if (z_est + gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) >= best.z) {
-      const float z = scaled_logit(x[q], temperature);
-      best = best_of(best, Candidate{f_add(z, gumbel_from_word(w.v[q])), i + q});
-    }
-  }
+// No-filter rows: the rare exact evaluations of their hot loop (two logs and a division each),
+// out of line so that loop stays small.
+inline __device__ __noinline__ float gumbel_of_word(uint32_t word) { return gumbel_from_word(word); }
+
+inline __device__ __noinline__ float gumbel_score(float x, float temperature, uint32_t word) {
+  return f_add(scaled_logit(x, temperature), gumbel_from_word(word));
 }
 
 // Appends `c` to buf where `take` holds: one shared atomic per warp.
@@ -261,7 +243,7 @@ __device__ __forceinline__ void append_candidate(bool take, Candidate c, Candida
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const T* __restrict__ logits, Args a) {
+__global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __restrict__ logits, Args a) {
   // Dynamic shared memory: [penalty bitmap, if penalties][candidate buffer, if top-k rows].
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   __shared__ Candidate scratch[kChunkThreads / 32];
@@ -296,15 +278,55 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const T* __restric
   }
   __syncthreads();
 
-  for (int32_t round = begin; round < end; round += kRoundTokens) {
+  if (!top_k_rows && !p.greedy) {
+    // No-filter rows: argmax of z + G, noise keyed by token id, so it is needed only where it
+    // can win: z + an exact upper bound of G from the random word must reach the thread's best
+    // (z estimated as x * (1 / T) with a relative margin that covers both roundings; the exact
+    // z = x / T where it counts). Philox for every 4 tokens bounds this loop, not memory.
+    for (int32_t i = begin + 4 * static_cast<int32_t>(threadIdx.x); i < end; i += 4 * kChunkThreads) {
+      float x[4];
+      load4(row, i, end, x);
+      float x_max4 = kNegInf;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        x[q] = i + q < end ? sanitize_logit(x[q]) : kNegInf;
+        if (x[q] == INFINITY) ++inf_count;  // penalties keep +-inf, so raw and processed agree
+      }
+      if (a.want_raw) fold_raw_group(make_float4(x[0], x[1], x[2], x[3]), raw_m, raw_s);
+      const uint32_t marked = a.penalties ? penalty_nibble(bitmap, i, begin) : 0u;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        if ((marked >> q) & 1u) x[q] = penalize_token(pen, i + q, x[q]);
+        x_max4 = fmaxf(x_max4, x[q]);
+      }
+      argmax.z = fmaxf(argmax.z, x_max4);
+      if (x_max4 == kNegInf) continue;
+      const float z_max4 = x_max4 * inv_t;  // G <= 16.64; the margins cover the rounding
+      if (x_max4 != INFINITY && z_max4 + 16.7f + 1e-5f * fabsf(z_max4) < best.z) continue;
+      const Philox4 w = random_words(p.seed, p.position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        if (x[q] == kNegInf) continue;
+        if (x[q] == INFINITY) {
+          inf_best = best_of(inf_best, Candidate{gumbel_of_word(w.v[q]), i + q});
+          continue;
+        }
+        const float z_est = x[q] * inv_t;
+        if (z_est + gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) >= best.z)
+          best = best_of(best, Candidate{gumbel_score(x[q], p.temperature, w.v[q]), i + q});
+      }
+    }
+  }
+  // Greedy and top-k rows, kLoadsInFlight loads per thread per round.
+  const int32_t rounds_end = top_k_rows || p.greedy ? end : begin;
+  for (int32_t round = begin; round < rounds_end; round += kRoundTokens) {
     float l[kLoadsInFlight][4];
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u)
       load4(row, round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)), end, l[u]);
     const float thr = top_k_rows ? threshold : 0.0f;
     const float thr_raw = top_k_rows ? admission_bound(thr, p.temperature) : 0.0f;
-    float z[kLoadsInFlight][4];  // top-k rows: z of the tokens at or above the threshold
-    float thread_max = kNegInf;
+    float thread_max = kNegInf;  // top-k rows: the thread's largest z of the round
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
       const int32_t i = round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x));
@@ -328,17 +350,14 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const T* __restric
         x_max4 = fmaxf(x_max4, x);
       }
       argmax.z = p.greedy ? argmax.z : fmaxf(argmax.z, x_max4);
-      const float4 x4 = make_float4(l[u][0], l[u][1], l[u][2], l[u][3]);
       if (top_k_rows) {
         const float4 z4 = x_max4 > kNegInf && x_max4 >= thr_raw
-                              ? scaled_group(x4, thr_raw, p.temperature)
+                              ? scaled_group(make_float4(l[u][0], l[u][1], l[u][2], l[u][3]),
+                                             thr_raw, p.temperature)
                               : make_float4(kNegInf, kNegInf, kNegInf, kNegInf);
-        z[u][0] = z4.x; z[u][1] = z4.y; z[u][2] = z4.z; z[u][3] = z4.w;
+        // l[u] now holds z of the tokens at or above the threshold, -inf below it
+        l[u][0] = z4.x; l[u][1] = z4.y; l[u][2] = z4.z; l[u][3] = z4.w;
         thread_max = fmaxf(thread_max, fmaxf(fmaxf(z4.x, z4.y), fmaxf(z4.z, z4.w)));
-      } else if (!p.greedy && x_max4 > kNegInf) {
-        const float z_est = x_max4 * inv_t;  // G <= 16.64; the margins cover the rounding
-        if (x_max4 == INFINITY || z_est + 16.7f + 1e-5f * fabsf(z_est) >= best.z)
-          fold_gumbel_group(x4, i, p.seed, p.position, p.temperature, inv_t, best, inf_best);
       }
     }
     if (top_k_rows) {
@@ -349,7 +368,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const T* __restric
         const int32_t i = round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x));
 #pragma unroll
         for (int q = 0; q < 4; ++q)
-          append_candidate(z[u][q] > kNegInf && z[u][q] >= admit, Candidate{z[u][q], i + q}, buf,
+          append_candidate(l[u][q] > kNegInf && l[u][q] >= admit, Candidate{l[u][q], i + q}, buf,
                            &buf_count);
       }
       __syncthreads();

@@ -131,7 +131,7 @@ class _FlashInferMixin:
         accepted.zero_()
         emitted.zero_()
         tokens = self._fs.chain_speculative_sampling(
-            sampling_info.draft_probs.float(), candidates[:, 1:], probs.view(bs, n, -1),
+            sampling_info.draft_probs.float(), candidates[:, 1:].contiguous(), probs.view(bs, n, -1),
             accepted, emitted, seed=seed.view(bs, n)[:, 0].contiguous(),
             offset=offset.view(bs, n)[:, 0].contiguous())
         predict, accept = self._packed[0, :rows], self._packed[1, :bs]
