@@ -42,14 +42,18 @@ void verify_chain(const at::Tensor& candidates, const at::Tensor& target_tokens,
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// One thread per request; requests own distinct slots.
+// One warp per request (requests own distinct slots): lane 0 finds each token's place in the
+// sorted history by binary search; an insertion shifts the tail up by one, 32 entries a step
+// from the top (each step reads before it writes, and the step below writes only what this one
+// has read), so a long history costs len / 32 steps, not len.
 __global__ void append_history_kernel(int32_t* __restrict__ table, SlotLayout layout,
                                       int64_t pool_rows, const int32_t* __restrict__ slots,
                                       const int32_t* __restrict__ tokens,
                                       const int32_t* __restrict__ accept_length, int64_t bs,
                                       int32_t tokens_per_req) {
-  const int64_t b = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (b >= bs) return;
+  const int64_t b = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (b >= bs) return;  // whole warps: everything below is uniform across the warp
   const int32_t slot = slots[b];
   if (slot < 0 || slot >= pool_rows) return;
   int32_t* w = table + static_cast<int64_t>(slot) * layout.row_words();
@@ -62,25 +66,42 @@ __global__ void append_history_kernel(int32_t* __restrict__ table, SlotLayout la
     const int32_t token = tokens[b * tokens_per_req + k];
     if (token < 0) continue;
     const int32_t len = w[kColHistoryLen];
-    int32_t lo = 0, hi = len;
-    while (lo < hi) {
-      const int32_t mid = (lo + hi) >> 1;
-      if (ids[mid] < token) lo = mid + 1;
-      else hi = mid;
-    }
-    if (lo < len && ids[lo] == token) {
-      ++counts[lo];
-    } else if (len < layout.history_capacity) {
-      for (int32_t m = len; m > lo; --m) {
-        ids[m] = ids[m - 1];
-        counts[m] = counts[m - 1];
+    int32_t lo = 0;
+    if (lane == 0) {
+      int32_t hi = len;
+      while (lo < hi) {
+        const int32_t mid = (lo + hi) >> 1;
+        if (ids[mid] < token) lo = mid + 1;
+        else hi = mid;
       }
-      ids[lo] = token;
-      counts[lo] = 1;
-      w[kColHistoryLen] = len + 1;
-    } else {
+    }
+    lo = __shfl_sync(0xffffffffu, lo, 0);
+    if (lo < len && ids[lo] == token) {
+      if (lane == 0) ++counts[lo];
+    } else if (len < layout.history_capacity) {
+      for (int32_t top = len; top > lo; top -= 32) {
+        const int32_t m = top - lane;  // destination of ids[m - 1]
+        int32_t id = 0, count = 0;
+        if (m > lo) {
+          id = ids[m - 1];
+          count = counts[m - 1];
+        }
+        __syncwarp();
+        if (m > lo) {
+          ids[m] = id;
+          counts[m] = count;
+        }
+        __syncwarp();
+      }
+      if (lane == 0) {
+        ids[lo] = token;
+        counts[lo] = 1;
+        w[kColHistoryLen] = len + 1;
+      }
+    } else if (lane == 0) {
       ++w[kColHistoryDropped];
     }
+    __syncwarp();
   }
 }
 
@@ -96,8 +117,8 @@ void append_history(at::Tensor& slot_table, int64_t history_capacity, int64_t bi
   if (bs == 0) return;
   const c10::cuda::CUDAGuard guard(device);
   const auto stream = at::cuda::getCurrentCUDAStream();
-  constexpr int kThreads = 128;
-  append_history_kernel<<<(bs + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+  constexpr int kThreads = 128;  // four requests per block
+  append_history_kernel<<<(bs * 32 + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
       slot_table.data_ptr<int32_t>(),
       SlotLayout{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity)},
       slot_table.size(0), req_pool_indices.data_ptr<int32_t>(), tokens.data_ptr<int32_t>(),
