@@ -43,3 +43,5 @@ python3 -m pytest -q -p no:cacheprovider $TEST_ARGS 2>&1 | tee "$OUT/tests.log" 
 if [ "$RUN_BENCH" = 1 ]; then
   python3 bench/benchmark.py --json "$OUT/bench.json" --plot "$OUT/bench.png" $BENCH_ARGS 2>&1 | tee "$OUT/bench.log" | tail -60
 fi
+# The tests' verdict again, last, so it survives in the tail of a long run's output.
+echo "GPU tests: $(tail -1 "$OUT/tests.log")" | tee -a "$OUT/gpu.txt"
