@@ -2,6 +2,7 @@
 # Profiles one shape's sampling kernels on the device: ncu hardware counters where ncu works
 # (Firecracker machines), else a torch.profiler (Kineto) trace. NVTX ranges name each step.
 #   bench/profile.sh [route] [bs] [dtype]     (defaults: top_k_top_p 128 fp32); output in $OUT
+#   PROFILE_DETAIL=1: ncu sections (occupancy, warp stalls, instruction counts, hot source lines)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench/out}
