@@ -3,21 +3,11 @@
 // exactly one thread, so the update needs no atomics and costs O(history), not O(V).
 #pragma once
 
+#include "penalty_lookup.cuh"
 #include "tokensampler/row_rules.h"
 #include "tokensampler/slot_layout.h"
 
 namespace tokensampler::cuda {
-
-// Index of `token` in the sorted list, or -1.
-__device__ __forceinline__ int32_t find_sorted(const int32_t* ids, int32_t n, int32_t token) {
-  int32_t lo = 0, hi = n;
-  while (lo < hi) {
-    const int32_t mid = (lo + hi) >> 1;
-    if (ids[mid] < token) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo < n && ids[lo] == token ? lo : -1;
-}
 
 __global__ void penalize_rows_kernel(float* __restrict__ out, int32_t vocab,
                                      const int32_t* __restrict__ req_pool_indices,

@@ -75,27 +75,16 @@ __device__ __forceinline__ Best block_best(Best b, SampleSmem& sm) {
   return r;
 }
 
-__device__ __forceinline__ int32_t block_sum_int(int32_t v, SampleSmem& sm) {
+// Block-wide sum; `red` holds one value per warp (sm.red_i or sm.red_d).
+template <typename V>
+__device__ __forceinline__ V block_sum(V v, V* red) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __syncthreads();
-  if (lane == 0) sm.red_i[w] = v;
+  if (lane == 0) red[w] = v;
   __syncthreads();
-  int32_t r = sm.red_i[lane];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
-  return r;
-}
-
-__device__ __forceinline__ double block_sum_double(double v, SampleSmem& sm) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __syncthreads();
-  if (lane == 0) sm.red_d[w] = v;
-  __syncthreads();
-  double r = sm.red_d[lane];
+  V r = red[lane];
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
   return r;
@@ -467,9 +456,9 @@ __device__ RowPlan plan_row(const T* x, const RowInput& row, SampleSmem& sm, boo
     }
   }
   best = block_best(best, sm);
-  n_inf = block_sum_int(n_inf, sm);
+  n_inf = block_sum(n_inf, sm.red_i);
   if (want_raw) {
-    raw_inf = block_sum_int(raw_inf, sm);
+    raw_inf = block_sum(raw_inf, sm.red_i);
     block_ms(rm, rs, sm);
     p.raw_max = rm;
     p.raw_sum = rs;
@@ -491,7 +480,7 @@ __device__ RowPlan plan_row(const T* x, const RowInput& row, SampleSmem& sm, boo
     int32_t keep = 0;
     for (int32_t j = threadIdx.x; j < m; j += kSampleThreads)
       if (f_div(static_cast<float>(j), mf) < row.top_p) ++keep;
-    keep = max(block_sum_int(keep, sm), 1);
+    keep = max(block_sum(keep, sm.red_i), 1);
     p.inf_keep = keep;
     if (keep < n_inf) {
       p.inf_cut = ordered_select(
@@ -555,7 +544,7 @@ __device__ Best kept_sample(const T* x, const RowInput& row, const RowPlan& p, S
     }
   }
   best = block_best(best, sm);
-  if (want_total) *total_out = block_sum_double(total, sm);
+  if (want_total) *total_out = block_sum(total, sm.red_d);
   if (best.i >= V) best.i = 0;
   return best;
 }
