@@ -68,6 +68,25 @@ def test_row_params_gathers_the_pools(backend, bs):
     assert p.temperature.tolist() == pytest.approx([0.5 + i for i in range(bs) for _ in range(2)])
 
 
+def test_steady_requests_reuse_their_conversion_new_objects_are_read(backend):
+    """prepare_step converts a request's SamplingParams when it brings a new object; the same
+    object next step reuses the conversion (the host cost of a steady step), and the step's
+    largest top-k follows the requests of that step."""
+    a, b = sp(temperature=0.7, top_k=40), sp(temperature=0.7, top_k=300)
+    backend.prepare_step(["a", "b"], [1, 2], [a, b])
+    assert backend.step_max_top_k == 300
+    converted = dict(backend._admitted)
+    backend.prepare_step(["a", "b"], [1, 2], [a, b])
+    assert all(backend._admitted[r] is converted[r] for r in "ab")
+    backend.prepare_step(["a"], [1], [a])
+    assert backend.step_max_top_k == 40
+    with pytest.raises(ValueError, match="temperature"):
+        backend.prepare_step(["a"], [1], [sp(temperature=-1.0)])
+    assert backend._admitted["a"].source is a  # a refused step changes nothing
+    backend.prepare_step(["a"], [1], [sp(temperature=0.0)])
+    assert backend.step_max_top_k == 1
+
+
 def test_unseeded_request_gets_rid_derived_seed(backend):
     backend.prepare_step(["rid-x"], [2], [ts.SamplingParams()])
     assert backend.seed_pool[2].item() == ts.SamplingParams().resolve_seed("rid-x")
