@@ -70,8 +70,8 @@ def test_row_params_gathers_the_pools(backend, bs):
 
 def test_steady_requests_reuse_their_conversion_new_objects_are_read(backend):
     """prepare_step converts a request's SamplingParams when it brings a new object; the same
-    object next step reuses the conversion (the host cost of a steady step), and the step's
-    largest top-k follows the requests of that step."""
+    object next step reuses the conversion (the host cost of a steady step); the step's largest
+    top-k and route follow what the step's slots hold."""
     a, b = sp(temperature=0.7, top_k=40), sp(temperature=0.7, top_k=300)
     backend.prepare_step(["a", "b"], [1, 2], [a, b])
     assert backend.step_max_top_k == 300
@@ -83,8 +83,13 @@ def test_steady_requests_reuse_their_conversion_new_objects_are_read(backend):
     with pytest.raises(ValueError, match="temperature"):
         backend.prepare_step(["a"], [1], [sp(temperature=-1.0)])
     assert backend._admitted["a"].source is a  # a refused step changes nothing
+    # a new object for a request that keeps its slot: validated, but the slot and the route
+    # keep the parameters of the flip (changing them mid-request is outside the contract)
     backend.prepare_step(["a"], [1], [sp(temperature=0.0)])
-    assert backend.step_max_top_k == 1
+    assert backend.step_max_top_k == 40 and backend.route == "top_k"
+    assert backend.temperature_pool[1].item() == pytest.approx(0.7)
+    backend.prepare_step(["c"], [1], [sp(temperature=0.0)])  # a flip writes the new request
+    assert backend.step_max_top_k == 1 and backend.temperature_pool[1].item() == 0.0
 
 
 def test_unseeded_request_gets_rid_derived_seed(backend):
@@ -211,7 +216,7 @@ def test_min_p_routes_only_in_full_backend(full):
     assert plain.route == "no_filter"  # the plain backend ignores min-p
     full.prepare_step(["a"], [1], [sp(min_p=0.2)])
     assert full.route == "min_p"
-    full.prepare_step(["a"], [1], [sp(top_k=64, top_p=0.9, min_p=0.05)])
+    full.prepare_step(["b"], [1], [sp(top_k=64, top_p=0.9, min_p=0.05)])  # a flip
     assert full.route == "top_k_top_p_min_p"
 
 
@@ -227,8 +232,8 @@ def test_capture_variants_and_replay_selection(backend):
     cases = [(dict(), 4, "verify_no_filter"), (dict(), 1, "no_filter"),
              (dict(top_p=0.9), 4, "top_p"), (dict(top_k=50), 4, "top_k"),
              (dict(top_k=50, top_p=0.9), 4, "top_k_top_p")]
-    for params, n, variant in cases:
-        backend.prepare_step(["a"], [1], [sp(**params)], num_tokens_per_req=n)
+    for i, (params, n, variant) in enumerate(cases):
+        backend.prepare_step([f"a{i}"], [1], [sp(**params)], num_tokens_per_req=n)
         assert backend.cuda_graph_replay_variant(n) == variant
         assert variant in backend.cuda_graph_capture_variants(n)
     backend.prepare_step(["a", "b"], [1, 2], [sp(), sp(top_k=5)])

@@ -138,20 +138,27 @@ class GumbelSamplingBackend(SamplingBackend):
     def prepare_step(self, request_ids: Sequence[str], request_pool_indices: Sequence[int],
                      sampling_params_list: Sequence[SamplingParams], num_tokens_per_req: int = 1,
                      *, prompt_token_ids: Sequence[Sequence[int] | None] | None = None) -> None:
-        if len(request_ids) != len(sampling_params_list):
+        if not len(request_ids) == len(request_pool_indices) == len(sampling_params_list):
             raise ValueError(f"prepare_step expects aligned per-request lists; got "
                              f"request_ids={len(request_ids)}, "
+                             f"request_pool_indices={len(request_pool_indices)}, "
                              f"sampling_params_list={len(sampling_params_list)}")
         if not 1 <= num_tokens_per_req <= self.config.max_draft_tokens_per_req:
             raise ValueError(f"num_tokens_per_req={num_tokens_per_req} is outside [1, "
                              f"max_draft_tokens_per_req={self.config.max_draft_tokens_per_req}]")
         # Steady state is the common step: a request that brings the same SamplingParams object
         # as last step reuses its conversion (normalising and converting every request every
-        # step cost ~30 us per request on the host).
+        # step cost ~30 us per request on the host). A new object is validated; while the
+        # request keeps its slot, the slot (and so the route) keeps the parameters it was given
+        # at the flip.
         admitted = {}
-        for rid, sp in zip(request_ids, sampling_params_list):
+        for rid, slot, sp in zip(request_ids, request_pool_indices, sampling_params_list):
             hit = self._admitted.get(rid)
-            admitted[rid] = hit if hit is not None and hit.source is sp else self._convert(rid, sp)
+            if hit is None or hit.source is not sp:
+                fresh = self._convert(rid, sp)
+                keeps_slot = hit is not None and self.slots.owner(int(slot)) == str(rid)
+                hit = hit._replace(source=sp) if keeps_slot else fresh
+            admitted[rid] = hit
         prompts = [] if prompt_token_ids is None else [
             None if p is None else [int(t) for t in p] for p in prompt_token_ids]
         self._route = self.slots.prepare_step(
