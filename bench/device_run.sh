@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the lent H200: build tokensampler, run the GPU tests, run the benchmark.
-# Logs and JSON go to $OUT (the device tool brings them back).
+# Logs and JSON go to $OUT (the device tool brings back at most 8 files: this script writes 6,
+# bench/profile.sh appends to one more).
 #   bench/device_run.sh [--no-bench] [--bench-args "..."] [--tests "pytest args"]
 # Carry .fi (from ../shared/tools/flashinfer_bundle.sh .fi) to benchmark FlashInfer beside us.
 set -uo pipefail
@@ -26,7 +27,7 @@ if [ -d .fi/fi ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .fi/whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD/.fi/fi FLASHINFER_WORKSPACE_BASE=/tmp/fiws
   # FlashInfer JIT-compiles its sampling module (~90 s); overlap it with our build.
-  (python3 -c "import flashinfer.sampling as s; s.get_sampling_module(); print('flashinfer', __import__('flashinfer').__version__, 'ready')" > "$OUT/flashinfer_jit.log" 2>&1) &
+  (python3 -c "import flashinfer.sampling as s; s.get_sampling_module(); print('flashinfer', __import__('flashinfer').__version__, 'ready')" > /tmp/flashinfer_jit.log 2>&1) &
   FI_PID=$!
 fi
 
@@ -36,7 +37,7 @@ if ! python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.lo
   exit 1
 fi
 echo "build: $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu.txt"
-[ -n "${FI_PID:-}" ] && wait "$FI_PID"; [ -f "$OUT/flashinfer_jit.log" ] && tail -2 "$OUT/flashinfer_jit.log"
+[ -n "${FI_PID:-}" ] && wait "$FI_PID"; [ -f /tmp/flashinfer_jit.log ] && tail -2 /tmp/flashinfer_jit.log | tee -a "$OUT/gpu.txt"
 
 # The installed wheel is what gets imported (the sources live under python/, not on sys.path).
 python3 -m pytest -q -p no:cacheprovider $TEST_ARGS 2>&1 | tee "$OUT/tests.log" | tail -40

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Profiles one shape's sampling kernels on the device: ncu hardware counters where ncu works
 # (Firecracker machines), else a torch.profiler (Kineto) trace. NVTX ranges name each step.
-#   bench/profile.sh [route] [bs] [dtype]     (defaults: top_k_top_p 128 fp32); output in $OUT
+#   bench/profile.sh [route] [bs] [dtype]     (defaults: top_k_top_p 128 fp32)
+# Output: appended to $OUT/profiles.txt (one file however many shapes; the device tool brings
+# back at most 8 files).
 #   PROFILE_DETAIL=1: ncu sections (occupancy, warp stalls, instruction counts, hot source lines)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +30,7 @@ if mode == "kineto":
             step(x)
             torch.cuda.nvtx.range_pop()
         torch.cuda.synchronize()
-    prof.export_chrome_trace("$OUT/trace_${ROUTE}_${BS}.json")
+    prof.export_chrome_trace("/tmp/trace_${ROUTE}_${BS}.json")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
 else:
     torch.cuda.nvtx.range_push("sample $ROUTE bs=$BS")
@@ -43,10 +45,12 @@ WHAT=(--metrics "$METRICS")
                                      --section WarpStateStats --section InstructionStats
                                      --section SourceCounters --import-source yes)
 if timeout 300 ncu --clock-control none --nvtx --nvtx-include "sample $ROUTE bs=$BS/" "${WHAT[@]}" \
-     python3 /tmp/ts_profile_step.py ncu > "$OUT/ncu_${ROUTE}_${BS}_${DTYPE}.txt" 2>&1; then
+     python3 /tmp/ts_profile_step.py ncu > /tmp/ncu_profile.txt 2>&1; then
+  { echo "=== ncu: $ROUTE bs=$BS $DTYPE"; cat /tmp/ncu_profile.txt; } >> "$OUT/profiles.txt"
   grep -E "^\s+[a-z_]+.*\(|gpu__time|dram__|sm__|launch__|Duration|Throughput|Registers|Occupancy|Warp Cycles|Executed Instructions|Block Limit" \
-    "$OUT/ncu_${ROUTE}_${BS}_${DTYPE}.txt"
+    /tmp/ncu_profile.txt
 else
   echo "ncu unavailable here; Kineto trace instead"
-  python3 /tmp/ts_profile_step.py kineto | tee "$OUT/kineto_${ROUTE}_${BS}.txt"
+  { echo "=== kineto: $ROUTE bs=$BS $DTYPE"; python3 /tmp/ts_profile_step.py kineto; } |
+    tee -a "$OUT/profiles.txt"
 fi
