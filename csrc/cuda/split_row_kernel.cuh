@@ -230,6 +230,32 @@ inline __device__ __noinline__ float gumbel_score(float x, float temperature, ui
   return f_add(scaled_logit(x, temperature), gumbel_from_word(word));
 }
 
+// The per-group work every row kind shares: sanitises four logits (-inf past `end`), counts
+// +inf (penalties keep +-inf, so raw and processed agree), folds the raw (max, sum-exp)
+// partials when wanted, and applies penalties / bias to the marked tokens. Returns the group's
+// largest processed logit; greedy rows (argmax != nullptr) also track the argmax.
+__device__ __forceinline__ float process_group(float (&x)[4], int32_t i, int32_t begin,
+                                               int32_t end, const Args& a,
+                                               const uint32_t* bitmap, const PenaltySource& pen,
+                                               int32_t& inf_count, float& raw_m, float& raw_s,
+                                               Candidate* argmax) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    x[q] = i + q < end ? sanitize_logit(x[q]) : kNegInf;
+    if (x[q] == INFINITY) ++inf_count;
+  }
+  if (a.want_raw) fold_raw_group(make_float4(x[0], x[1], x[2], x[3]), raw_m, raw_s);
+  const uint32_t marked = a.penalties && i < end ? penalty_nibble(bitmap, i, begin) : 0u;
+  float x_max4 = kNegInf;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    if ((marked >> q) & 1u) x[q] = penalize_token(pen, i + q, x[q]);
+    if (argmax != nullptr && i + q < end) *argmax = best_of(*argmax, Candidate{x[q], i + q});
+    x_max4 = fmaxf(x_max4, x[q]);
+  }
+  return x_max4;
+}
+
 // Appends `c` to buf where `take` holds: one shared atomic per warp.
 __device__ __forceinline__ void append_candidate(bool take, Candidate c, Candidate* buf,
                                                  int32_t* count) {
@@ -286,19 +312,8 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
     for (int32_t i = begin + 4 * static_cast<int32_t>(threadIdx.x); i < end; i += 4 * kChunkThreads) {
       float x[4];
       load4(row, i, end, x);
-      float x_max4 = kNegInf;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        x[q] = i + q < end ? sanitize_logit(x[q]) : kNegInf;
-        if (x[q] == INFINITY) ++inf_count;  // penalties keep +-inf, so raw and processed agree
-      }
-      if (a.want_raw) fold_raw_group(make_float4(x[0], x[1], x[2], x[3]), raw_m, raw_s);
-      const uint32_t marked = a.penalties ? penalty_nibble(bitmap, i, begin) : 0u;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        if ((marked >> q) & 1u) x[q] = penalize_token(pen, i + q, x[q]);
-        x_max4 = fmaxf(x_max4, x[q]);
-      }
+      const float x_max4 =
+          process_group(x, i, begin, end, a, bitmap, pen, inf_count, raw_m, raw_s, nullptr);
       argmax.z = fmaxf(argmax.z, x_max4);
       if (x_max4 == kNegInf) continue;
       const float z_max4 = x_max4 * inv_t;  // G <= 16.64; the margins cover the rounding
@@ -330,25 +345,9 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
       const int32_t i = round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x));
-      const uint32_t marked = a.penalties && i < end ? penalty_nibble(bitmap, i, begin) : 0u;
-      float x_max4 = kNegInf;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        float& x = l[u][q];
-        x = i + q < end ? sanitize_logit(x) : kNegInf;
-        if (x == INFINITY) ++inf_count;  // penalties keep +-inf, so raw and processed agree
-      }
-      if (a.want_raw) fold_raw_group(make_float4(l[u][0], l[u][1], l[u][2], l[u][3]), raw_m, raw_s);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        float& x = l[u][q];
-        if ((marked >> q) & 1u) x = penalize_token(pen, i + q, x);
-        // Greedy rows need the argmax; the others only whether any token is finite or +inf.
-        if (p.greedy) {
-          if (i + q < end) argmax = best_of(argmax, Candidate{x, i + q});
-        }
-        x_max4 = fmaxf(x_max4, x);
-      }
+      // Greedy rows need the argmax; the others only whether any token is finite or +inf.
+      const float x_max4 = process_group(l[u], i, begin, end, a, bitmap, pen, inf_count, raw_m,
+                                         raw_s, p.greedy ? &argmax : nullptr);
       argmax.z = p.greedy ? argmax.z : fmaxf(argmax.z, x_max4);
       if (top_k_rows) {
         const float4 z4 = x_max4 > kNegInf && x_max4 >= thr_raw

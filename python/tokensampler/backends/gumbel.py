@@ -155,9 +155,9 @@ class GumbelSamplingBackend(SamplingBackend):
         for rid, slot, sp in zip(request_ids, request_pool_indices, sampling_params_list):
             hit = self._admitted.get(rid)
             if hit is None or hit.source is not sp:
-                fresh = self._convert(rid, sp)
+                converted = self._convert(rid, sp)  # validates the new object either way
                 keeps_slot = hit is not None and self.slots.owner(int(slot)) == str(rid)
-                hit = hit._replace(source=sp) if keeps_slot else fresh
+                hit = hit._replace(source=sp) if keeps_slot else converted
             admitted[rid] = hit
         prompts = [] if prompt_token_ids is None else [
             None if p is None else [int(t) for t in p] for p in prompt_token_ids]
@@ -170,8 +170,8 @@ class GumbelSamplingBackend(SamplingBackend):
         self.step_max_top_k = max((a.max_top_k for a in admitted.values()), default=1)
 
     def _convert(self, rid, sp: SamplingParams) -> _Admitted:
-        p = to_slot_params(sp, rid, self.config.vocab_size)
         vocab = self.config.vocab_size
+        p = to_slot_params(sp, rid, vocab)
         sampled = p.temperature > 0 and p.top_k != 1
         return _Admitted(sp, p, (p.top_k if 0 < p.top_k < vocab else vocab) if sampled else 1)
 
