@@ -1,4 +1,4 @@
-"""Small builders shared by the CPU tests."""
+"""Small builders shared by the tests."""
 
 from __future__ import annotations
 
@@ -34,3 +34,26 @@ def sample_once(backend, logits, pool_indices, cache_lengths=None, pool_rows=POO
     tokens, lengths = backend.sample(out, batch_info(pool_indices, cache_lengths, pool_rows,
                                                      logits.size(1), str(logits.device)))
     return tokens.clone(), lengths.clone(), out
+
+
+# ---- the GPU tests: one backend per device, fed the same steps
+def backends(V, bs, n=1, name="gumbel", **cfg):
+    out = []
+    for device in ("cpu", "cuda"):
+        out.append(ts.create_backend(name, ts.SamplingBackendConfig(
+            max_bs=bs, max_draft_tokens_per_req=n, max_req_pool_size=bs, vocab_size=V,
+            device=device, **cfg)))
+    return out
+
+
+def run(backend, logits, bs, t0, device, n=1, candidates=None):
+    info = ts.SamplingBatchInfo(torch.arange(1, bs + 1, dtype=torch.int32, device=device),
+                                torch.full((bs + 1,), t0, dtype=torch.int32, device=device),
+                                logits.size(1), device)
+    out = ts.LogitsProcessorOutput(logits.to(device))
+    if n == 1:
+        tokens, _ = backend.sample(out, info)
+    else:
+        tokens, _ = backend.verify(out, info, candidates.to(device))
+    lp = None if out.next_token_logprobs is None else out.next_token_logprobs.cpu().clone()
+    return tokens.cpu().clone(), lp

@@ -218,8 +218,9 @@ def test_edge_rows(dtype):
     logits = torch.stack(rows).to(dtype)
     mgr, slots, _ = build_slots(params, V)
     lengths = torch.tensor([0] + [rng.randrange(1 << 20) for _ in slots], dtype=torch.int32)
-    for mode in (0, 1):
+    for mode in (0, 1):  # with top-N: the one-block-per-row kernel
         compare(logits, mgr, slots, lengths, 0, mode=mode, min_match=1.0, top_n=3)
+    compare(logits, mgr, slots, lengths, 0, min_match=1.0)  # the histogram-cut path
 
 
 def test_invalid_slot_rows():

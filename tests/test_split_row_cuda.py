@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import tokensampler as ts
+from helpers import backends, run
 
 pytestmark = pytest.mark.cuda
 
@@ -15,28 +16,6 @@ CASES = {
     "top_k_top_p": dict(temperature=0.7, top_k=50, top_p=0.9),
     "top_k_top_p_min_p_free": dict(temperature=1.3, top_k=200, top_p=0.5),
 }
-
-
-def backends(V, bs, n=1, name="gumbel", **cfg):
-    out = []
-    for device in ("cpu", "cuda"):
-        out.append(ts.create_backend(name, ts.SamplingBackendConfig(
-            max_bs=bs, max_draft_tokens_per_req=n, max_req_pool_size=bs, vocab_size=V,
-            device=device, **cfg)))
-    return out
-
-
-def run(backend, logits, bs, t0, device, n=1, candidates=None):
-    info = ts.SamplingBatchInfo(torch.arange(1, bs + 1, dtype=torch.int32, device=device),
-                                torch.full((bs + 1,), t0, dtype=torch.int32, device=device),
-                                logits.size(1), device)
-    out = ts.LogitsProcessorOutput(logits.to(device))
-    if n == 1:
-        tokens, _ = backend.sample(out, info)
-    else:
-        tokens, _ = backend.verify(out, info, candidates.to(device))
-    lp = None if out.next_token_logprobs is None else out.next_token_logprobs.cpu().clone()
-    return tokens.cpu().clone(), lp
 
 
 @pytest.mark.parametrize("case", list(CASES))

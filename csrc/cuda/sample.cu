@@ -8,6 +8,7 @@
 #include "dispatch_logits.cuh"
 #include "sample_kernel.cuh"
 #include "split_row_sample.h"
+#include "top_p_sample.h"
 
 namespace tokensampler::cuda {
 
@@ -56,15 +57,8 @@ __global__ void __launch_bounds__(kSampleThreads)
   const RowPlan p = plan_row(x, row, sm, want_raw);
   const bool want_processed = a.out_logprobs != nullptr && a.logprobs_mode == 1;
 
-  int32_t token = 0;
   double total = 1.0;
-  if (p.kind == kRowGreedy) {
-    token = p.best;
-  } else if (p.kind == kRowFilter && p.fused) {
-    token = p.fused_token;
-  } else if (p.kind != kRowInvalid) {
-    token = kept_sample(x, row, p, sm, want_processed, &total).i;
-  }
+  const int32_t token = planned_token(x, row, p, sm, want_processed, &total);
   if (threadIdx.x == 0) {
     a.out_tokens[r] = token;
     a.out_invalid[r] = p.kind == kRowInvalid;
@@ -133,7 +127,10 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
   if (split_row::try_split_row_sample(logits, req_pool_indices, valid_cache_lengths, slot_table,
                                       layout, tokens_per_req, candidates, apply_penalties,
                                       logprobs_mode, route, out_tokens, out_invalid, out_logprobs,
-                                      top_n > 0)) {
+                                      top_n > 0) ||
+      top_p::try_top_p_sample(logits, req_pool_indices, valid_cache_lengths, slot_table, layout,
+                              tokens_per_req, candidates, apply_penalties, logprobs_mode, route,
+                              out_tokens, out_invalid, out_logprobs, top_n > 0)) {
     return;
   }
   const auto stream = at::cuda::getCurrentCUDAStream();

@@ -549,6 +549,17 @@ __device__ Best kept_sample(const T* x, const RowInput& row, const RowPlan& p, S
   return best;
 }
 
+// The token of a planned row: its argmax (greedy), the sample fused into pass 1 (no filters),
+// or Gumbel-max over the kept set (kept_sample's total as there).
+template <typename T>
+__device__ int32_t planned_token(const T* x, const RowInput& row, const RowPlan& p, SampleSmem& sm,
+                                 bool want_total, double* total) {
+  if (p.kind == kRowGreedy) return p.best;
+  if (p.kind == kRowFilter && p.fused) return p.fused_token;
+  if (p.kind == kRowInvalid) return 0;
+  return kept_sample(x, row, p, sm, want_total, total).i;
+}
+
 // §3.8 raw log-softmax at a token, given the row's raw stats.
 __device__ __forceinline__ float raw_logprob_of(const RowPlan& p, float raw_value) {
   if (p.raw_inf > 0) return raw_value == INFINITY ? -logf(static_cast<float>(p.raw_inf)) : kNegInf;

@@ -429,6 +429,60 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
   }
 }
 
+// Gumbel-max over the first m candidates of buf, in rank order (sorted when z_max is +inf or
+// top-p is on): +inf rows sample uniformly among their +inf tokens (top-p keeps the first
+// ceil(p * m_inf)); otherwise top-p as a sequential fp32 sum in rank order (as the CPU
+// reference), then min-p. `mass` holds m floats.
+template <int kThreads>
+__device__ int32_t sample_ranked_prefix(const Candidate* buf, int m, const RowParams& p, float z_max,
+                                        float* mass, int32_t* keep_count, Candidate* scratch) {
+  if (z_max == INFINITY) {
+    if (threadIdx.x == 0) {
+      int m_inf = 0;
+      while (m_inf < m && buf[m_inf].z == INFINITY) ++m_inf;
+      int keep = 0;
+      while (keep < m_inf && static_cast<float>(keep) / static_cast<float>(m_inf) < p.top_p) ++keep;
+      *keep_count = max(keep, 1);
+    }
+    __syncthreads();
+    Candidate c{kNegInf, kNoId};
+    for (int j = threadIdx.x; j < *keep_count; j += kThreads)
+      c = best_of(c, Candidate{gumbel_noise(p.seed, p.position, buf[j].id, kStreamGumbel), buf[j].id});
+    return block_best<kThreads>(c, scratch).id;
+  }
+  if (p.top_p < 1.0f) {
+    for (int j = threadIdx.x; j < m; j += kThreads) mass[j] = expf(f_sub(buf[j].z, z_max));
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float total_mass = 0.0f;
+      for (int j = 0; j < m; ++j) total_mass = f_add(total_mass, mass[j]);
+      const float limit = f_mul(p.top_p, total_mass);
+      float before_mass = 0.0f;
+      int keep = 0;
+      while (keep < m && before_mass < limit) before_mass = f_add(before_mass, mass[keep++]);
+      *keep_count = max(keep, 1);
+    }
+  } else if (threadIdx.x == 0) {
+    *keep_count = m;
+  }
+  __syncthreads();
+  const float cut = min_p_threshold(z_max, p.min_p);
+  Candidate c{kNegInf, kNoId};
+  for (int j = threadIdx.x; j < *keep_count; j += kThreads) {
+    if (buf[j].z < cut) continue;
+    const float score = f_add(buf[j].z, gumbel_noise(p.seed, p.position, buf[j].id, kStreamGumbel));
+    c = best_of(c, Candidate{score, buf[j].id});
+  }
+  return block_best<kThreads>(c, scratch).id;
+}
+
+// Raw log-softmax of a sanitised logit, from the row's +inf count and raw (max, sum-exp).
+__device__ __forceinline__ float raw_logprob(float raw, int32_t inf_count, float raw_m, float raw_s) {
+  if (inf_count > 0) return raw == INFINITY ? -logf(static_cast<float>(inf_count)) : kNegInf;
+  if (raw_m == kNegInf) return kNegInf;
+  return static_cast<float>(double(raw) - double(raw_m) - log(double(raw_s)));
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restrict__ logits, Args a) {
   __shared__ Candidate buf[kMergeCap];
@@ -511,57 +565,14 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
       __syncthreads();
       bitonic_sort<kFinishThreads>(buf, n);
     }
-    if (z_max == INFINITY) {
-      // Uniform among the +inf tokens of the top-k set; top-p keeps the first ceil(p * m).
-      if (threadIdx.x == 0) {
-        int m_inf = 0;
-        while (m_inf < m && buf[m_inf].z == INFINITY) ++m_inf;
-        int keep = 0;
-        while (keep < m_inf && static_cast<float>(keep) / static_cast<float>(m_inf) < p.top_p) ++keep;
-        keep_count = max(keep, 1);
-      }
-      __syncthreads();
-      Candidate c{kNegInf, kNoId};
-      for (int j = threadIdx.x; j < keep_count; j += kFinishThreads)
-        c = best_of(c, Candidate{gumbel_noise(p.seed, p.position, buf[j].id, kStreamGumbel), buf[j].id});
-      token = block_best<kFinishThreads>(c, scratch).id;
-    } else {
-      if (p.top_p < 1.0f) {
-        for (int j = threadIdx.x; j < m; j += kFinishThreads) mass[j] = expf(f_sub(buf[j].z, z_max));
-        __syncthreads();
-        if (threadIdx.x == 0) {  // sequential fp32 sums in rank order, as the CPU reference
-          float total_mass = 0.0f;
-          for (int j = 0; j < m; ++j) total_mass = f_add(total_mass, mass[j]);
-          const float limit = f_mul(p.top_p, total_mass);
-          float before_mass = 0.0f;
-          int keep = 0;
-          while (keep < m && before_mass < limit) before_mass = f_add(before_mass, mass[keep++]);
-          keep_count = max(keep, 1);
-        }
-      } else if (threadIdx.x == 0) {
-        keep_count = m;
-      }
-      __syncthreads();
-      const float cut = min_p_threshold(z_max, p.min_p);
-      Candidate c{kNegInf, kNoId};
-      for (int j = threadIdx.x; j < keep_count; j += kFinishThreads) {
-        if (buf[j].z < cut) continue;
-        const float score = f_add(buf[j].z, gumbel_noise(p.seed, p.position, buf[j].id, kStreamGumbel));
-        c = best_of(c, Candidate{score, buf[j].id});
-      }
-      token = block_best<kFinishThreads>(c, scratch).id;
-    }
+    token = sample_ranked_prefix<kFinishThreads>(buf, m, p, z_max, mass, &keep_count, scratch);
   }
   if (threadIdx.x == 0) {
     a.out_tokens[r] = token;
     a.out_invalid[r] = invalid;
     if (a.out_logprobs != nullptr) {
       const float raw = sanitize_logit(static_cast<float>(logits[r * a.row_stride + token]));
-      float lp;
-      if (inf_count > 0) lp = raw == INFINITY ? -logf(static_cast<float>(inf_count)) : kNegInf;
-      else if (raw_m == kNegInf) lp = kNegInf;
-      else lp = static_cast<float>(double(raw) - double(raw_m) - log(double(raw_s)));
-      a.out_logprobs[r] = lp;
+      a.out_logprobs[r] = raw_logprob(raw, inf_count, raw_m, raw_s);
     }
   }
 }

@@ -130,7 +130,8 @@ class _FlashInferMixin:
         accepted, emitted = self._accepted[:bs], self._emitted[:bs]
         accepted.zero_()
         emitted.zero_()
-        tokens = self._fs.chain_speculative_sampling(
+        # Returns (tokens, accepted, emitted); the counts land in our buffers in place.
+        tokens, _, _ = self._fs.chain_speculative_sampling(
             sampling_info.draft_probs.float(), candidates[:, 1:].contiguous(), probs.view(bs, n, -1),
             accepted, emitted, seed=seed.view(bs, n)[:, 0].contiguous(),
             offset=offset.view(bs, n)[:, 0].contiguous())

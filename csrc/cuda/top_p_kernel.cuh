@@ -1,0 +1,480 @@
+// Device code of the histogram-cut path of sample_rows (launch code: top_p_sample.cu).
+// Rows: any mix of greedy, no-filter, top-p, min-p and top-k rows (mixed batches, and top-k
+// beyond the split-row path's k <= 512), penalties and bias as in split_row_kernel.cuh.
+//
+// A top-p boundary depends on the whole row, so a row split over many blocks is read three
+// times (small batches read it from L2) and finished by one block:
+//   1. stats: the argmax of the processed logits (z_max), the +inf count, raw log-sum-exp
+//      partials;
+//   2. histogram (top-p / top-k rows): counts and masses exp(z - z_max) of the row's tokens in
+//      bins of 1/64 nat below z_max, merged across blocks with integer atomics (masses in
+//      2^-40 fixed point, so the sums are exact and every run and batch gives the same cut);
+//   3. select: every block finds the cut bin (the first whose cumulative mass reaches p times
+//      the total, or whose cumulative count reaches k). Tokens above it are surely kept: the
+//      block keeps the best z + G among them (and the min-p threshold). Tokens in the cut bin
+//      (top-k rows: in it or above it) go to a per-row list;
+//   4. finish: sorts the list into rank order and resolves the cut exactly (top-p: kept while
+//      the mass before a token is below the limit; top-k: the first k, then top-p in fp32 as
+//      the CPU reference, then min-p), and takes the best z + G.
+// Rows this cannot finish exactly (+inf logits, a list over kCutCap, top-k over kCountCutMaxK)
+// run the one-block-per-row kernel's code (sample_kernel.cuh) inside the finish kernel.
+#pragma once
+
+#include <cub/block/block_scan.cuh>
+
+#include "sample_kernel.cuh"
+#include "split_row_kernel.cuh"
+
+namespace tokensampler::cuda::top_p {
+
+using split_row::Candidate;
+using split_row::ChunkResult;
+using split_row::kChunkThreads;
+using split_row::kLoadsInFlight;
+using split_row::kNoId;
+using split_row::kRoundTokens;
+using split_row::RowParams;
+
+constexpr int kBins = 2048;
+constexpr float kBinsPerNat = 64.0f;
+constexpr int kCutCap = 4096;        // tokens in a row's cut list that the finish kernel sorts
+constexpr int kCountCutMaxK = kCutCap / 2;  // top-k rows: the list's tail holds k fp32 masses
+constexpr int kFinishThreads = 1024; // the one-block-per-row kernel's block size (fallback)
+constexpr float kMassScale = 1099511627776.0f;  // 2^40: V * 2^40 < 2^64 for V < 2^23
+constexpr int32_t kMaxVocab = 1 << 23;
+
+struct Args : split_row::Args {
+  int32_t* bin_counts;              // [rows, kBins]
+  unsigned long long* bin_masses;   // [rows, kBins]
+  int32_t* cut_count;               // [rows] tokens appended to the cut list
+};
+
+enum Kind : int { kInvalid, kGreedy, kFallback, kNoCut, kMassCut, kCountCut };
+
+__device__ __forceinline__ bool uses_histogram(const RowParams& p) {
+  return !p.greedy && (p.top_k_on || p.top_p < 1.0f);
+}
+
+__device__ __forceinline__ int kind_of(const RowParams& p, float max_logit, int32_t inf_count) {
+  if (max_logit == kNegInf) return kInvalid;
+  if (p.greedy) return kGreedy;
+  if (inf_count > 0) return kFallback;
+  if (p.top_k_on) return p.top_k <= kCountCutMaxK ? kCountCut : kFallback;
+  return p.top_p < 1.0f ? kMassCut : kNoCut;
+}
+
+// Bin of a token d = z_max - z nats below the row's best (monotone in z, so bins follow rank
+// order); the last bin holds everything 32 nats down or more.
+__device__ __forceinline__ int bin_of(float z, float z_max) {
+  return static_cast<int>(fminf(f_sub(z_max, z) * kBinsPerNat, static_cast<float>(kBins - 1)));
+}
+
+__device__ __forceinline__ unsigned long long mass_of(float z, float z_max) {
+  return __float2ull_rn(expf(f_sub(z, z_max)) * kMassScale);
+}
+
+// The row-wide argmax and +inf count from kernel 1's per-chunk results.
+struct RowStats {
+  Candidate argmax;
+  int32_t inf_count;
+};
+
+template <int kThreads>
+__device__ RowStats merge_stats(const Args& a, int64_t r, Candidate* scratch, int32_t* red) {
+  Candidate argmax{kNegInf, kNoId};
+  int32_t inf_count = 0;
+  for (int j = threadIdx.x; j < a.splits; j += kThreads) {
+    const ChunkResult& c = a.results[r * a.splits + j];
+    argmax = split_row::best_of(argmax, c.argmax);
+    inf_count += c.inf_count;
+  }
+  int parity = 0;
+  RowStats s;
+  s.argmax = split_row::block_best<kThreads>(argmax, scratch);
+  s.inf_count = split_row::block_count<kThreads>(inf_count, red, parity);
+  return s;
+}
+
+struct CutBin {
+  int bin;                    // tokens in lower bins are kept, in higher ones dropped
+  unsigned long long before;  // mass (or count) of the lower bins
+  double limit;               // top-p: p * total mass; top-k: k
+};
+
+template <int kThreads>
+struct CutSmem {
+  typename cub::BlockScan<unsigned long long, kThreads>::TempStorage scan;
+  int bin;
+  unsigned long long before;
+};
+
+// The first bin whose cumulative mass (or count) reaches the limit; the last bin when none does
+// (fewer finite tokens than k).
+template <int kThreads>
+__device__ CutBin find_cut(const Args& a, int64_t r, bool by_mass, int32_t k, float top_p,
+                           CutSmem<kThreads>& sm) {
+  constexpr int kPer = kBins / kThreads;
+  unsigned long long v[kPer], sum = 0;
+#pragma unroll
+  for (int q = 0; q < kPer; ++q) {
+    const int64_t b = r * kBins + threadIdx.x * kPer + q;
+    v[q] = by_mass ? a.bin_masses[b] : static_cast<unsigned long long>(a.bin_counts[b]);
+    sum += v[q];
+  }
+  if (threadIdx.x == 0) sm.bin = kBins - 1;
+  unsigned long long excl, total;
+  cub::BlockScan<unsigned long long, kThreads>(sm.scan).ExclusiveSum(sum, excl, total);
+  __syncthreads();
+  const double limit = by_mass ? static_cast<double>(top_p) * static_cast<double>(total) : k;
+  unsigned long long cum = excl;
+#pragma unroll
+  for (int q = 0; q < kPer; ++q) {
+    if (static_cast<double>(cum + v[q]) >= limit) {
+      atomicMin(&sm.bin, static_cast<int>(threadIdx.x) * kPer + q);
+      break;
+    }
+    cum += v[q];
+  }
+  __syncthreads();
+  const int bin = sm.bin;
+  if (bin / kPer == static_cast<int>(threadIdx.x)) {
+    cum = excl;
+    for (int q = 0; q < bin % kPer; ++q) cum += v[q];
+    sm.before = cum;
+  }
+  __syncthreads();
+  return CutBin{bin, sm.before, limit};
+}
+
+// One round of kLoadsInFlight 16-byte loads per thread, processed (penalties, bias) by `f`.
+template <typename T, typename F>
+__device__ __forceinline__ void for_each_round(const T* row, int32_t begin, int32_t end, F&& f) {
+  for (int32_t round = begin; round < end; round += kRoundTokens) {
+    float l[kLoadsInFlight][4];
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u)
+      split_row::load4(row, round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)), end, l[u]);
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u)
+      f(l[u], round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)));
+  }
+}
+
+struct Chunk {
+  int64_t r;
+  int32_t begin, end;
+};
+
+__device__ __forceinline__ Chunk chunk_of(const Args& a) {
+  const int32_t split = blockIdx.x % a.splits;
+  const int32_t begin = split * a.chunk_len;
+  return Chunk{blockIdx.x / a.splits, begin, min(a.vocab, begin + a.chunk_len)};
+}
+
+// The chunk's penalty source, its penalised tokens marked in the shared bitmap (syncs).
+__device__ __forceinline__ PenaltySource mark_chunk_penalties(const Args& a, const RowParams& p,
+                                                              const Chunk& c, uint32_t* bitmap) {
+  if (!a.penalties) {
+    __syncthreads();
+    return PenaltySource{};
+  }
+  const PenaltySource pen = split_row::penalty_source(a, p, c.r);
+  mark_penalized_tokens<kChunkThreads>(pen, c.begin, c.end, bitmap);
+  return pen;
+}
+
+// Kernel 1: per chunk, the argmax of the processed logits, the +inf count, raw partials. Also
+// clears the row's histogram and cut list for kernels 2 and 3.
+template <typename T>
+__global__ void __launch_bounds__(kChunkThreads) stats_kernel(const T* __restrict__ logits, Args a) {
+  extern __shared__ __align__(16) uint32_t bitmap[];
+  __shared__ Candidate scratch[kChunkThreads / 32];
+  __shared__ float red_m[kChunkThreads / 32], red_s[kChunkThreads / 32];
+  __shared__ int32_t red_n[kChunkThreads / 32];
+  const Chunk c = chunk_of(a);
+  const RowParams p = split_row::row_params(a, c.r);
+  if (!p.valid_slot) return;
+  const int32_t split = blockIdx.x % a.splits;
+  if (uses_histogram(p)) {
+    for (int b = split * kChunkThreads + threadIdx.x; b < kBins; b += a.splits * kChunkThreads) {
+      a.bin_counts[c.r * kBins + b] = 0;
+      a.bin_masses[c.r * kBins + b] = 0;
+    }
+  }
+  if (split == 0 && threadIdx.x == 0) a.cut_count[c.r] = 0;
+  const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);
+
+  Candidate argmax{kNegInf, kNoId};
+  float raw_m = kNegInf, raw_s = 0.0f;
+  int32_t inf_count = 0;
+  for_each_round(logits + c.r * a.row_stride, c.begin, c.end, [&](float (&x)[4], int32_t i) {
+    split_row::process_group(x, i, c.begin, c.end, a, bitmap, pen, inf_count, raw_m, raw_s, &argmax);
+  });
+  argmax = split_row::block_best<kChunkThreads>(argmax, scratch);
+  split_row::warp_merge_lse(raw_m, raw_s);
+  inf_count = __reduce_add_sync(0xffffffffu, inf_count);
+  const int w = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) {
+    red_m[w] = raw_m;
+    red_s[w] = raw_s;
+    red_n[w] = inf_count;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float m = kNegInf, s = 0.0f;
+    int32_t n = 0;
+    for (int j = 0; j < kChunkThreads / 32; ++j) {
+      split_row::merge_lse(m, s, red_m[j], red_s[j]);
+      n += red_n[j];
+    }
+    ChunkResult& out = a.results[blockIdx.x];
+    out.argmax = argmax;
+    out.raw_max = m;
+    out.raw_sum = s;
+    out.inf_count = n;
+  }
+}
+
+// Kernel 2 (top-p and top-k rows): the chunk's histogram, added to the row's.
+template <typename T>
+__global__ void __launch_bounds__(kChunkThreads) histogram_kernel(const T* __restrict__ logits, Args a) {
+  extern __shared__ __align__(16) uint32_t bitmap[];
+  __shared__ int32_t counts[kBins];
+  __shared__ unsigned long long masses[kBins];
+  __shared__ Candidate scratch[kChunkThreads / 32];
+  __shared__ int32_t red[2 * kChunkThreads / 32];
+  const Chunk c = chunk_of(a);
+  const RowParams p = split_row::row_params(a, c.r);
+  if (!p.valid_slot || !uses_histogram(p)) return;
+  const RowStats s = merge_stats<kChunkThreads>(a, c.r, scratch, red);
+  const int kind = kind_of(p, s.argmax.z, s.inf_count);
+  if (kind != kMassCut && kind != kCountCut) return;
+  const bool by_mass = kind == kMassCut;
+  const float z_max = scaled_logit(s.argmax.z, p.temperature);
+  for (int b = threadIdx.x; b < kBins; b += kChunkThreads) {
+    counts[b] = 0;
+    masses[b] = 0;
+  }
+  const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);
+  __syncthreads();
+
+  Args quiet = a;
+  quiet.want_raw = false;  // kernel 1 has the raw partials
+  int32_t unused_n = 0;
+  float unused_m = kNegInf, unused_s = 0.0f;
+  for_each_round(logits + c.r * a.row_stride, c.begin, c.end, [&](float (&x)[4], int32_t i) {
+    if (split_row::process_group(x, i, c.begin, c.end, quiet, bitmap, pen, unused_n, unused_m,
+                                 unused_s, nullptr) == kNegInf)
+      return;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      if (x[q] == kNegInf) continue;
+      const float z = scaled_logit(x[q], p.temperature);
+      const int b = bin_of(z, z_max);
+      atomicAdd(&counts[b], 1);
+      if (by_mass) atomicAdd(&masses[b], mass_of(z, z_max));
+    }
+  });
+  __syncthreads();
+  for (int b = threadIdx.x; b < kBins; b += kChunkThreads) {
+    if (counts[b] == 0) continue;
+    atomicAdd(&a.bin_counts[c.r * kBins + b], counts[b]);
+    if (by_mass) atomicAdd(&a.bin_masses[c.r * kBins + b], masses[b]);
+  }
+}
+
+// Appends c to the row's cut list where `take` holds (one global atomic per warp); entries past
+// kCutCap are counted but not stored, which sends the row to the fallback.
+__device__ __forceinline__ void append_cut(bool take, Candidate c, Candidate* list, int32_t* count) {
+  const uint32_t mask = __ballot_sync(0xffffffffu, take);
+  if (mask == 0) return;
+  const int lane = threadIdx.x & 31, leader = __ffs(mask) - 1;
+  int32_t base = 0;
+  if (lane == leader) base = atomicAdd(count, __popc(mask));
+  base = __shfl_sync(0xffffffffu, base, leader);
+  const int32_t at = base + __popc(mask & ((1u << lane) - 1u));
+  if (take && at < kCutCap) list[at] = c;
+}
+
+// Kernel 3: the best z + G of the chunk's surely kept tokens (into results[].best), and the
+// cut bin's tokens appended to the row's list.
+template <typename T>
+__global__ void __launch_bounds__(kChunkThreads) select_kernel(const T* __restrict__ logits, Args a) {
+  extern __shared__ __align__(16) uint32_t bitmap[];
+  __shared__ Candidate scratch[kChunkThreads / 32];
+  __shared__ int32_t red[2 * kChunkThreads / 32];
+  __shared__ CutSmem<kChunkThreads> cut_sm;
+  const Chunk c = chunk_of(a);
+  const RowParams p = split_row::row_params(a, c.r);
+  if (!p.valid_slot || p.greedy) return;
+  const RowStats s = merge_stats<kChunkThreads>(a, c.r, scratch, red);
+  const int kind = kind_of(p, s.argmax.z, s.inf_count);
+  if (kind != kNoCut && kind != kMassCut && kind != kCountCut) return;
+  const float z_max = scaled_logit(s.argmax.z, p.temperature);
+  const float tau = min_p_threshold(z_max, p.min_p);
+  CutBin cut{kBins, 0, 0.0};
+  if (kind != kNoCut) cut = find_cut<kChunkThreads>(a, c.r, kind == kMassCut, p.top_k, p.top_p, cut_sm);
+  // Mass cut: bins below the cut are surely kept, the cut bin is listed. Count cut: the cut bin
+  // and everything above it is listed (the finish kernel needs the whole top-k set in order).
+  const int sure_below = kind == kMassCut ? cut.bin : kind == kNoCut ? kBins : 0;
+  const int list_from = kind == kMassCut ? cut.bin : 0;
+  const int list_to = kind == kNoCut ? -1 : cut.bin;
+  const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);
+
+  Args quiet = a;
+  quiet.want_raw = false;
+  int32_t unused_n = 0;
+  float unused_m = kNegInf, unused_s = 0.0f;
+  Candidate best{kNegInf, kNoId};
+  Candidate* list = a.chunk_candidates + c.r * kCutCap;
+  for_each_round(logits + c.r * a.row_stride, c.begin, c.end, [&](float (&x)[4], int32_t i) {
+    split_row::process_group(x, i, c.begin, c.end, quiet, bitmap, pen, unused_n, unused_m,
+                             unused_s, nullptr);
+    float z[4];
+    bool sure[4], listed[4], any_sure = false;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      z[q] = x[q] == kNegInf ? kNegInf : scaled_logit(x[q], p.temperature);
+      const int b = z[q] == kNegInf ? kBins : bin_of(z[q], z_max);
+      sure[q] = z[q] != kNegInf && b < sure_below && z[q] >= tau;
+      listed[q] = z[q] != kNegInf && b >= list_from && b <= list_to;
+      any_sure |= sure[q];
+    }
+    if (any_sure) {
+      const Philox4 w = random_words(p.seed, p.position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        if (sure[q]) best = split_row::best_of(best, Candidate{f_add(z[q], gumbel_from_word(w.v[q])), i + q});
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) append_cut(listed[q], Candidate{z[q], i + q}, list, &a.cut_count[c.r]);
+  });
+  best = split_row::block_best<kChunkThreads>(best, scratch);
+  if (threadIdx.x == 0) a.results[blockIdx.x].best = best;
+}
+
+// Kernel 4: one block per row.
+struct FinishSmem {
+  union {
+    SampleSmem generic;  // fallback rows
+    Candidate list[kCutCap];  // cut rows; top-k rows use the tail past k for fp32 masses
+  };
+  CutSmem<kFinishThreads> cut_sm;
+  Candidate scratch[kFinishThreads / 32];
+  int32_t red[2 * kFinishThreads / 32];
+  float red_m[kFinishThreads / 32], red_s[kFinishThreads / 32];
+  int32_t keep_count;
+};
+
+template <typename T>
+__device__ int32_t fallback_token(const T* x, const Args& a, const RowParams& p, int64_t r,
+                                  SampleSmem& sm) {
+  const int32_t slot = a.req_pool_indices[r / a.tokens_per_req];
+  const PenaltySource pen = split_row::penalty_source(a, p, r);
+  const RowInput row = make_row(a.table + static_cast<int64_t>(slot) * a.layout.row_words(),
+                                a.layout, p.position, pen.drafts, pen.num_drafts, a.vocab,
+                                a.penalties);
+  const RowPlan plan = plan_row(x, row, sm, false);
+  return planned_token(x, row, plan, sm, false, nullptr);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restrict__ logits, Args a) {
+  __shared__ FinishSmem sm;
+  const int64_t r = blockIdx.x;
+  const RowParams p = split_row::row_params(a, r);
+  if (!p.valid_slot) {
+    if (threadIdx.x == 0) {
+      a.out_tokens[r] = 0;
+      a.out_invalid[r] = true;
+    }
+    return;
+  }
+  const T* x = logits + r * a.row_stride;
+  Candidate argmax{kNegInf, kNoId}, best{kNegInf, kNoId};
+  float raw_m = kNegInf, raw_s = 0.0f;
+  int32_t inf_count = 0;
+  if (threadIdx.x < a.splits) {
+    const ChunkResult& c = a.results[r * a.splits + threadIdx.x];
+    argmax = c.argmax;
+    raw_m = c.raw_max;
+    raw_s = c.raw_sum;
+    inf_count = c.inf_count;
+  }
+  argmax = split_row::block_best<kFinishThreads>(argmax, sm.scratch);
+  int parity = 0;
+  inf_count = split_row::block_count<kFinishThreads>(inf_count, sm.red, parity);
+  int kind = kind_of(p, argmax.z, inf_count);
+  if (kind == kNoCut || kind == kMassCut || kind == kCountCut) {
+    if (threadIdx.x < a.splits) best = a.results[r * a.splits + threadIdx.x].best;
+    best = split_row::block_best<kFinishThreads>(best, sm.scratch);
+  }
+  const int32_t listed = kind == kMassCut || kind == kCountCut ? a.cut_count[r] : 0;
+  if (listed > kCutCap) kind = kFallback;
+
+  int32_t token = 0;
+  if (kind == kGreedy) {
+    token = argmax.id;
+  } else if (kind == kFallback) {
+    token = fallback_token(x, a, p, r, sm.generic);
+  } else if (kind == kNoCut) {
+    token = best.id;
+  } else if (kind == kMassCut || kind == kCountCut) {
+    const float z_max = scaled_logit(argmax.z, p.temperature);
+    const CutBin cut = find_cut<kFinishThreads>(a, r, kind == kMassCut, p.top_k, p.top_p, sm.cut_sm);
+    const int n = split_row::next_pow2(max(listed, 1));
+    const Candidate* src = a.chunk_candidates + r * kCutCap;
+    for (int e = threadIdx.x; e < n; e += kFinishThreads)
+      sm.list[e] = e < listed ? src[e] : Candidate{kNegInf, kNoId};
+    __syncthreads();
+    split_row::bitonic_sort<kFinishThreads>(sm.list, n);
+    if (kind == kMassCut) {
+      // Kept while the mass before a token (lower bins, then the list in rank order) is below
+      // the limit, and min-p.
+      constexpr int kPer = kCutCap / kFinishThreads;
+      unsigned long long m[kPer];
+#pragma unroll
+      for (int q = 0; q < kPer; ++q) {
+        const int e = threadIdx.x * kPer + q;
+        m[q] = e < listed ? mass_of(sm.list[e].z, z_max) : 0ull;
+      }
+      unsigned long long excl[kPer];
+      cub::BlockScan<unsigned long long, kFinishThreads>(sm.cut_sm.scan).ExclusiveSum(m, excl);
+      const float tau = min_p_threshold(z_max, p.min_p);
+#pragma unroll
+      for (int q = 0; q < kPer; ++q) {
+        const int e = threadIdx.x * kPer + q;
+        if (e >= listed) break;
+        const Candidate t = sm.list[e];
+        if (static_cast<double>(cut.before + excl[q]) >= cut.limit || t.z < tau) continue;
+        best = split_row::best_of(best, Candidate{f_add(t.z, gumbel_noise(p.seed, p.position, t.id, kStreamGumbel)), t.id});
+      }
+      token = split_row::block_best<kFinishThreads>(best, sm.scratch).id;
+    } else {
+      const int m = min(listed, p.top_k);
+      float* mass = reinterpret_cast<float*>(sm.list + kCountCutMaxK);  // m <= kCountCutMaxK
+      token = split_row::sample_ranked_prefix<kFinishThreads>(sm.list, m, p, z_max, mass,
+                                                              &sm.keep_count, sm.scratch);
+    }
+  }
+  if (a.want_raw) {
+    split_row::warp_merge_lse(raw_m, raw_s);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) {
+      sm.red_m[threadIdx.x >> 5] = raw_m;
+      sm.red_s[threadIdx.x >> 5] = raw_s;
+    }
+    __syncthreads();
+    raw_m = kNegInf;
+    raw_s = 0.0f;
+    for (int j = 0; j < kFinishThreads / 32; ++j) split_row::merge_lse(raw_m, raw_s, sm.red_m[j], sm.red_s[j]);
+  }
+  if (threadIdx.x == 0) {
+    a.out_tokens[r] = token;
+    a.out_invalid[r] = kind == kInvalid;
+    if (a.out_logprobs != nullptr)
+      a.out_logprobs[r] = split_row::raw_logprob(sanitize_logit(static_cast<float>(x[token])), inf_count, raw_m, raw_s);
+  }
+}
+
+}  // namespace tokensampler::cuda::top_p

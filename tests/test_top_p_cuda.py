@@ -1,0 +1,131 @@
+"""The CUDA histogram-cut path (top-p, min-p, mixed batches, top-k beyond the split-row path)
+through the public API: same tokens as the CPU kernels, for distributions that put the cut in a
+crowded bin, rows that overflow the cut list (the in-kernel fallback), penalties, verify rows,
+and batch invariance."""
+
+import pytest
+import torch
+
+import tokensampler as ts
+from helpers import backends, run
+
+pytestmark = pytest.mark.cuda
+
+CASES = {
+    "top_p": dict(temperature=0.7, top_p=0.9),
+    "top_p_small": dict(temperature=1.0, top_p=0.05),
+    "top_p_large": dict(temperature=1.5, top_p=0.999),
+    "min_p": dict(temperature=0.8, min_p=0.05),
+    "top_p_min_p": dict(temperature=1.0, top_p=0.8, min_p=0.02),
+    "top_k_1500": dict(temperature=1.0, top_k=1500, top_p=0.9),  # count cut (k > 512)
+    "top_k_3000": dict(temperature=1.0, top_k=3000),             # beyond the count cut: fallback
+}
+
+LOGITS = {
+    "randn": lambda g, bs, V: torch.randn(bs, V, generator=g) * 2,
+    "peaked": lambda g, bs, V: torch.randn(bs, V, generator=g) * 8,  # LLM-like spread of 50+ nats
+    "flat": lambda g, bs, V: torch.randn(bs, V, generator=g) * 0.05,  # thousands in a cut bin
+    "quarter_steps": lambda g, bs, V: torch.round(torch.randn(bs, V, generator=g) * 4) / 4,
+    "constant": lambda g, bs, V: torch.full((bs, V), 0.5),  # one bin: the list overflows
+}
+
+
+def _compare(params_of_row, logits, name="gumbel", prompts=None):
+    bs, V = logits.size(0), logits.size(1)
+    cpu, gpu = backends(V, bs, name=name, enable_output_logprobs=True)
+    sps = [params_of_row(i) for i in range(bs)]
+    for b in (cpu, gpu):
+        b.prepare_step([f"r{i}" for i in range(bs)], list(range(1, bs + 1)), sps,
+                       prompt_token_ids=prompts)
+    t_cpu, lp_cpu = run(cpu, logits, bs, 11, "cpu")
+    t_gpu, lp_gpu = run(gpu, logits, bs, 11, "cuda")
+    assert torch.equal(t_cpu, t_gpu), (t_cpu != t_gpu).nonzero().flatten().tolist()
+    torch.testing.assert_close(lp_gpu, lp_cpu, atol=1e-4, rtol=0)
+    return gpu, t_gpu
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("kind", list(LOGITS))
+@pytest.mark.parametrize("V", [151936, 50257, 1003])
+def test_cut_path_matches_cpu(case, kind, V):
+    bs = 6
+    g = torch.Generator().manual_seed(V + len(kind))
+    logits = LOGITS[kind](g, bs, V)
+    params = dict(CASES[case])
+    if "top_k" in params:
+        params["top_k"] = min(params["top_k"], V - 1)
+
+    def row(i):
+        return (ts.SamplingParams(temperature=0.0) if i == 4
+                else ts.SamplingParams(seed=500 + i, **params))
+
+    _compare(row, logits)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_mixed_batch_matches_cpu(dtype):
+    """Rows of every filter set in one batch (the generic route)."""
+    V, bs = 151936, 24
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(bs, V, generator=g) * 3).to(dtype)
+    logits[5] = float("-inf")
+    logits[7, [10, 20]] = float("inf")
+    sets = [dict(), dict(top_k=50), dict(top_p=0.9), dict(min_p=0.1), dict(top_k=700, top_p=0.7),
+            dict(top_p=0.5, min_p=0.05), dict(temperature=0.0), dict(top_k=5, top_p=0.3, min_p=0.2)]
+
+    def row(i):
+        p = dict(temperature=0.9)
+        p.update(sets[i % len(sets)])
+        return ts.SamplingParams(seed=40 + i, **p)
+
+    gpu, _ = _compare(row, logits)
+    assert gpu.route == "generic"
+
+
+def test_cut_path_penalties_match_cpu():
+    V, bs = 151936, 8
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(bs, V, generator=g) * 2
+    prompts = [[(37 * i + 11 * j) % V for j in range(40)] for i in range(bs)]
+    for i, prompt in enumerate(prompts):
+        logits[i, prompt[:10]] += 6.0
+
+    def row(i):
+        return ts.SamplingParams(seed=9 + i, temperature=1.0, top_p=0.9 if i % 2 else 0.6,
+                                 min_p=0.01 * (i % 3), repetition_penalty=1.3,
+                                 frequency_penalty=0.4, presence_penalty=0.6,
+                                 logit_bias={7 * i + 1: 4.0})
+
+    _compare(row, logits, name="gumbel_full", prompts=prompts)
+
+
+def test_cut_path_verify_matches_cpu():
+    V, bs, n = 151936, 5, 4
+    cpu, gpu = backends(V, bs, n=n, name="gumbel_full")
+    sps = [ts.SamplingParams(seed=3 + i, temperature=0.8, top_p=0.85, presence_penalty=1.0)
+           for i in range(bs)]
+    for b in (cpu, gpu):
+        b.prepare_step([f"r{i}" for i in range(bs)], list(range(1, bs + 1)), sps,
+                       num_tokens_per_req=n, prompt_token_ids=[[1, 2, 3]] * bs)
+    g = torch.Generator().manual_seed(8)
+    candidates = torch.randint(0, V, (bs, n), dtype=torch.int32, generator=g)
+    logits = torch.randn(bs * n, V, generator=g) * 2
+    logits[:, candidates.view(-1).long()] += 4.0
+    t_cpu, _ = run(cpu, logits, bs, 5, "cpu", n, candidates)
+    t_gpu, _ = run(gpu, logits, bs, 5, "cuda", n, candidates)
+    assert torch.equal(t_cpu, t_gpu)
+
+
+def test_cut_path_is_batch_invariant():
+    """A row's token does not depend on its batch (the mass sums are exact integers)."""
+    V = 151936
+    g = torch.Generator().manual_seed(12)
+    logits = torch.randn(40, V, generator=g) * 1.5
+    sp = ts.SamplingParams(seed=77, temperature=1.0, top_p=0.9)
+    _, alone = backends(V, 1)
+    alone.prepare_step(["a"], [1], [sp])
+    tokens_alone = [run(alone, logits[i:i + 1], 1, 9, "cuda")[0].item() for i in (0, 17, 39)]
+    _, batch = backends(V, 40)
+    batch.prepare_step([f"r{i}" for i in range(40)], list(range(1, 41)), [sp] * 40)
+    tokens_batch = run(batch, logits, 40, 9, "cuda")[0]
+    assert tokens_alone == [tokens_batch[i].item() for i in (0, 17, 39)]
