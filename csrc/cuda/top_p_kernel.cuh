@@ -349,21 +349,25 @@ __global__ void __launch_bounds__(kChunkThreads) select_kernel(const T* __restri
   for_each_round(logits + c.r * a.row_stride, c.begin, c.end, [&](float (&x)[4], int32_t i) {
     split_row::process_group(x, i, c.begin, c.end, quiet, bitmap, pen, unused_n, unused_m,
                              unused_s, nullptr);
-    float z[4];
-    bool sure[4], listed[4], any_sure = false;
+    float z[4], sure_max = kNegInf;
+    bool sure[4], listed[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       z[q] = x[q] == kNegInf ? kNegInf : scaled_logit(x[q], p.temperature);
       const int b = z[q] == kNegInf ? kBins : bin_of(z[q], z_max);
       sure[q] = z[q] != kNegInf && b < sure_below && z[q] >= tau;
       listed[q] = z[q] != kNegInf && b >= list_from && b <= list_to;
-      any_sure |= sure[q];
+      if (sure[q]) sure_max = fmaxf(sure_max, z[q]);
     }
-    if (any_sure) {
+    // Noise only where it can win (as the split-row no-filter loop): G <= 16.64 for any word,
+    // and the word's leading zeros bound G before the two logs; margins cover the rounding.
+    if (sure_max != kNegInf && sure_max + 16.7f + 1e-5f * fabsf(sure_max) >= best.z) {
       const Philox4 w = random_words(p.seed, p.position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
 #pragma unroll
-      for (int q = 0; q < 4; ++q)
-        if (sure[q]) best = split_row::best_of(best, Candidate{f_add(z[q], gumbel_from_word(w.v[q])), i + q});
+      for (int q = 0; q < 4; ++q) {
+        if (!sure[q] || z[q] + split_row::gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z[q]) < best.z) continue;
+        best = split_row::best_of(best, Candidate{f_add(z[q], split_row::gumbel_of_word(w.v[q])), i + q});
+      }
     }
 #pragma unroll
     for (int q = 0; q < 4; ++q) append_cut(listed[q], Candidate{z[q], i + q}, list, &a.cut_count[c.r]);
