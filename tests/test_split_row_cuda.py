@@ -168,3 +168,70 @@ def test_split_row_top_k_ties_and_orders(kind, top_k):
     t_cpu, _ = run(cpu, logits, bs, 3, "cpu")
     t_gpu, _ = run(gpu, logits, bs, 3, "cuda")
     assert torch.equal(t_cpu, t_gpu)
+
+
+VARIANT_PARAMS = {  # rows whose parameters select each capture variant at replay
+    "default": [dict(temperature=0.9, top_k=40), dict(temperature=0.9, top_p=0.8)],
+    "no_filter": [dict(temperature=0.9)],
+    "verify_no_filter": [dict(temperature=0.9)],
+    "top_p": [dict(temperature=0.9, top_p=0.8)],
+    "top_k": [dict(temperature=0.9, top_k=40)],
+    "top_k_top_p": [dict(temperature=0.9, top_k=300, top_p=0.8)],
+    "min_p": [dict(temperature=0.9, min_p=0.05)],
+    "top_k_top_p_min_p": [dict(temperature=0.9, top_k=40, top_p=0.9, min_p=0.02)],
+}
+
+
+@pytest.mark.parametrize("name", ["gumbel", "gumbel_full"])
+@pytest.mark.parametrize("n", [1, 4])
+def test_every_capture_variant_replays_eager_tokens_at_a_smaller_batch(name, n):
+    """Each variant the backend reports is captured at 8 requests and replayed with 5 (the rest
+    padding rows on pool row 0): the real rows' outputs equal an eager backend's, step after
+    step (gumbel_full: histories recorded by the graph and by the eager backend stay equal)."""
+    V, captured, bs = 50257, 8, 5
+    _, graphed = backends(V, captured, n=n, name=name)
+    _, eager = backends(V, captured, n=n, name=name)
+    slots = torch.zeros(captured, dtype=torch.int32, device="cuda")
+    slots[:bs] = torch.arange(1, bs + 1, dtype=torch.int32)
+    lengths = torch.full((captured + 1,), 3, dtype=torch.int32, device="cuda")
+    info = ts.SamplingBatchInfo(slots, lengths, V, "cuda")
+    logits = torch.randn(captured * n, V, device="cuda")
+    drafts = torch.randint(0, V, (captured, n), dtype=torch.int32, device="cuda")
+    out = ts.LogitsProcessorOutput(logits)
+
+    def step(backend, o, i, d):
+        return backend.sample(o, i) if n == 1 else backend.verify(o, i, d)
+
+    for variant in graphed.cuda_graph_capture_variants(n):
+        graphed.prepare_capture_variant(bs=captured, num_tokens_per_req=n, variant=variant)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            step(graphed, out, info, drafts)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            tokens, accepted = step(graphed, out, info, drafts)
+        graphed.reset_capture_state()
+
+        choices = VARIANT_PARAMS[variant]
+        sps = [ts.SamplingParams(seed=20 + i, **choices[i % len(choices)]) for i in range(bs)]
+        rids = [f"{variant}-{i}" for i in range(bs)]
+        prompts = [[3 * i + 1, 7, 11] for i in range(bs)]
+        for b in (graphed, eager):
+            b.prepare_step(rids, list(range(1, bs + 1)), sps, num_tokens_per_req=n,
+                           prompt_token_ids=prompts)
+        # at n > 1 no-filter rows replay the verify_no_filter graph; this one still must be exact
+        assert graphed.cuda_graph_replay_variant(n) in (variant, "verify_no_filter")
+        for t in range(2):
+            logits.copy_(torch.randn(captured * n, V, device="cuda"))
+            drafts.copy_(torch.randint(0, V, (captured, n), dtype=torch.int32, device="cuda"))
+            lengths.fill_(10 + t)
+            graph.replay()
+            e_info = ts.SamplingBatchInfo(slots[:bs].clone(), lengths.clone(), V, "cuda")
+            e_tokens, e_accepted = step(eager, ts.LogitsProcessorOutput(logits[:bs * n].clone()),
+                                        e_info, drafts[:bs].clone())
+            assert torch.equal(tokens[:bs * n], e_tokens), (variant, t)
+            assert torch.equal(accepted[:bs], e_accepted), (variant, t)
+        if name == "gumbel_full":
+            assert torch.equal(graphed.slots.table[1:bs + 1], eager.slots.table[1:bs + 1])

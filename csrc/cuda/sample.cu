@@ -7,8 +7,7 @@
 #include "../ops/op_checks.h"
 #include "dispatch_logits.cuh"
 #include "sample_kernel.cuh"
-#include "split_row_sample.h"
-#include "top_p_sample.h"
+#include "sample_rows_paths.h"
 
 namespace tokensampler::cuda {
 
@@ -124,15 +123,10 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
   if (rows == 0) return;
   const c10::cuda::CUDAGuard guard(logits.device());
   const SlotLayout layout{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity)};
-  if (split_row::try_split_row_sample(logits, req_pool_indices, valid_cache_lengths, slot_table,
-                                      layout, tokens_per_req, candidates, apply_penalties,
-                                      logprobs_mode, route, out_tokens, out_invalid, out_logprobs,
-                                      top_n > 0) ||
-      top_p::try_top_p_sample(logits, req_pool_indices, valid_cache_lengths, slot_table, layout,
-                              tokens_per_req, candidates, apply_penalties, logprobs_mode, route,
-                              out_tokens, out_invalid, out_logprobs, top_n > 0)) {
-    return;
-  }
+  const SampleRowsCall call{logits, req_pool_indices, valid_cache_lengths, slot_table, layout,
+                            tokens_per_req, candidates, apply_penalties, logprobs_mode, route,
+                            out_tokens, out_invalid, out_logprobs, top_n > 0};
+  if (split_row::try_sample(call) || top_p::try_sample(call)) return;
   const auto stream = at::cuda::getCurrentCUDAStream();
   SampleArgs a;
   a.row_stride = logits.stride(0);
@@ -141,7 +135,7 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
   a.valid_cache_lengths = valid_cache_lengths.data_ptr<int32_t>();
   a.slot_table = slot_table.data_ptr<int32_t>();
   a.pool_rows = slot_table.size(0);
-  a.layout = SlotLayout{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity)};
+  a.layout = layout;
   a.tokens_per_req = static_cast<int32_t>(tokens_per_req);
   a.candidates = candidates ? candidates->data_ptr<int32_t>() : nullptr;
   a.apply_penalties = apply_penalties;

@@ -256,7 +256,9 @@ __device__ __forceinline__ float process_group(float (&x)[4], int32_t i, int32_t
   return x_max4;
 }
 
-// Appends `c` to buf where `take` holds: one shared atomic per warp.
+// Appends `c` to buf where `take` holds: one atomic per warp. Entries at or past kCap are
+// counted but not stored.
+template <int32_t kCap = INT32_MAX>
 __device__ __forceinline__ void append_candidate(bool take, Candidate c, Candidate* buf,
                                                  int32_t* count) {
   const uint32_t mask = __ballot_sync(0xffffffffu, take);
@@ -265,7 +267,12 @@ __device__ __forceinline__ void append_candidate(bool take, Candidate c, Candida
   int32_t base = 0;
   if (lane == leader) base = atomicAdd(count, __popc(mask));
   base = __shfl_sync(0xffffffffu, base, leader);
-  if (take) buf[base + __popc(mask & ((1u << lane) - 1u))] = c;
+  if constexpr (kCap == INT32_MAX) {
+    if (take) buf[base + __popc(mask & ((1u << lane) - 1u))] = c;
+  } else {
+    const int32_t at = base + __popc(mask & ((1u << lane) - 1u));
+    if (take && at < kCap) buf[at] = c;
+  }
 }
 
 template <typename T>

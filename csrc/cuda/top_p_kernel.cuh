@@ -252,6 +252,24 @@ __global__ void __launch_bounds__(kChunkThreads) stats_kernel(const T* __restric
   }
 }
 
+// Kernels 2 and 3 re-read the row for the processed logits only: kernel 1 has the +inf count
+// and the raw partials.
+__device__ __forceinline__ split_row::Args without_raw(const Args& a) {
+  split_row::Args quiet = a;
+  quiet.want_raw = false;
+  return quiet;
+}
+
+// Sanitises and penalises four logits in place (-inf past the chunk); returns their maximum.
+__device__ __forceinline__ float processed_group(float (&x)[4], int32_t i, const Chunk& c,
+                                                 const split_row::Args& quiet,
+                                                 const uint32_t* bitmap, const PenaltySource& pen) {
+  int32_t inf_count = 0;
+  float raw_m = kNegInf, raw_s = 0.0f;
+  return split_row::process_group(x, i, c.begin, c.end, quiet, bitmap, pen, inf_count, raw_m,
+                                  raw_s, nullptr);
+}
+
 // Kernel 2 (top-p and top-k rows): the chunk's histogram, added to the row's.
 template <typename T>
 __global__ void __launch_bounds__(kChunkThreads) histogram_kernel(const T* __restrict__ logits, Args a) {
@@ -275,14 +293,9 @@ __global__ void __launch_bounds__(kChunkThreads) histogram_kernel(const T* __res
   const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);
   __syncthreads();
 
-  Args quiet = a;
-  quiet.want_raw = false;  // kernel 1 has the raw partials
-  int32_t unused_n = 0;
-  float unused_m = kNegInf, unused_s = 0.0f;
+  const split_row::Args quiet = without_raw(a);
   for_each_round(logits + c.r * a.row_stride, c.begin, c.end, [&](float (&x)[4], int32_t i) {
-    if (split_row::process_group(x, i, c.begin, c.end, quiet, bitmap, pen, unused_n, unused_m,
-                                 unused_s, nullptr) == kNegInf)
-      return;
+    if (processed_group(x, i, c, quiet, bitmap, pen) == kNegInf) return;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       if (x[q] == kNegInf) continue;
@@ -300,19 +313,6 @@ __global__ void __launch_bounds__(kChunkThreads) histogram_kernel(const T* __res
     if (counts[b] > kBinBlockMax) atomicAdd(&a.cut_count[c.r], kCutCap + 1);  // sum may wrap: fallback
     else atomicAdd(&a.bin_masses[c.r * kBins + b], static_cast<unsigned long long>(masses[b]));
   }
-}
-
-// Appends c to the row's cut list where `take` holds (one global atomic per warp); entries past
-// kCutCap are counted but not stored, which sends the row to the fallback.
-__device__ __forceinline__ void append_cut(bool take, Candidate c, Candidate* list, int32_t* count) {
-  const uint32_t mask = __ballot_sync(0xffffffffu, take);
-  if (mask == 0) return;
-  const int lane = threadIdx.x & 31, leader = __ffs(mask) - 1;
-  int32_t base = 0;
-  if (lane == leader) base = atomicAdd(count, __popc(mask));
-  base = __shfl_sync(0xffffffffu, base, leader);
-  const int32_t at = base + __popc(mask & ((1u << lane) - 1u));
-  if (take && at < kCutCap) list[at] = c;
 }
 
 // Kernel 3: the best z + G of the chunk's surely kept tokens (into results[].best), and the
@@ -340,15 +340,11 @@ __global__ void __launch_bounds__(kChunkThreads) select_kernel(const T* __restri
   const int list_to = kind == kNoCut ? -1 : cut.bin;
   const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);
 
-  Args quiet = a;
-  quiet.want_raw = false;
-  int32_t unused_n = 0;
-  float unused_m = kNegInf, unused_s = 0.0f;
+  const split_row::Args quiet = without_raw(a);
   Candidate best{kNegInf, kNoId};
   Candidate* list = a.chunk_candidates + c.r * kCutCap;
   for_each_round(logits + c.r * a.row_stride, c.begin, c.end, [&](float (&x)[4], int32_t i) {
-    split_row::process_group(x, i, c.begin, c.end, quiet, bitmap, pen, unused_n, unused_m,
-                             unused_s, nullptr);
+    processed_group(x, i, c, quiet, bitmap, pen);
     float z[4], sure_max = kNegInf;
     bool sure[4], listed[4];
 #pragma unroll
@@ -370,7 +366,8 @@ __global__ void __launch_bounds__(kChunkThreads) select_kernel(const T* __restri
       }
     }
 #pragma unroll
-    for (int q = 0; q < 4; ++q) append_cut(listed[q], Candidate{z[q], i + q}, list, &a.cut_count[c.r]);
+    for (int q = 0; q < 4; ++q)  // past kCutCap: counted, not stored (the row's fallback)
+      split_row::append_candidate<kCutCap>(listed[q], Candidate{z[q], i + q}, list, &a.cut_count[c.r]);
   });
   best = split_row::block_best<kChunkThreads>(best, scratch);
   if (threadIdx.x == 0) a.results[blockIdx.x].best = best;

@@ -1,0 +1,47 @@
+// The multi-block paths of sample_rows. sample.cu tries them in order, then falls back to the
+// one-block-per-row kernel: split_row::try_sample (split_row_sample.cu), then
+// top_p::try_sample (top_p_sample.cu).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+#include "tokensampler/slot_layout.h"
+
+namespace tokensampler::cuda {
+
+// One sample_rows call, as the multi-block paths read it.
+struct SampleRowsCall {
+  const at::Tensor& logits;
+  const at::Tensor& req_pool_indices;
+  const at::Tensor& valid_cache_lengths;
+  const at::Tensor& slot_table;
+  SlotLayout layout;
+  int64_t tokens_per_req;
+  const std::optional<at::Tensor>& drafts;  // verify candidates: penalties count earlier drafts
+  bool apply_penalties;
+  int64_t logprobs_mode;
+  int64_t route_hint;  // low 8 bits: the route; higher bits: the step's largest top-k
+  at::Tensor& out_tokens;
+  at::Tensor& out_invalid;
+  const std::optional<at::Tensor>& out_logprobs;
+  bool want_top_n;
+};
+
+namespace split_row {
+// Samples every row and returns true when the step has no top-N or processed logprobs and its
+// route is no_filter, or top_k / top_k_top_p / top_k_top_p_min_p with k <= 512 (one read of each
+// row). Otherwise returns false and launches nothing.
+bool try_sample(const SampleRowsCall& call);
+}  // namespace split_row
+
+namespace top_p {
+// Samples every row and returns true when the step has no top-N or processed logprobs (any
+// route: top-p, min-p, mixed batches, top-k beyond the split-row path). Rows it cannot finish
+// exactly run the one-block-per-row kernel's code inside its finish kernel. Otherwise returns
+// false and launches nothing.
+bool try_sample(const SampleRowsCall& call);
+}  // namespace top_p
+
+}  // namespace tokensampler::cuda
