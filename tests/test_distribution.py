@@ -1,5 +1,6 @@
 """Sampled tokens follow the exact filtered distribution (chi-square against a float64
-reference), for every route and for combined filters, on the CPU kernels."""
+reference), for every route and for combined filters, on the CPU kernels and (GPU-marked) on
+the CUDA kernels."""
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ V = 60
 ROWS = 250            # rows per call: independent draws at distinct positions
 CALLS = 16            # 4000 samples per case
 P_MIN = 1e-3          # fixed seeds make each p-value deterministic
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
 def draw(backend_name, params, logits_row, calls=CALLS, device="cpu", dtype=torch.float32):
@@ -49,19 +51,21 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name,params", CASES, ids=[c[0] for c in CASES])
-def test_route_distribution_matches_reference(name, params):
+def test_route_distribution_matches_reference(name, params, device):
     row = logits_row(seed=len(name))
     backend = "gumbel_full" if "min_p" in params else "gumbel"
-    samples = draw(backend, params, row)
+    samples = draw(backend, params, row, device=device)
     probs = filtered_probs(row.double().numpy(), **params)
     assert probs[samples].min() > 0, "sampled a token outside the kept set"
     assert chi_square_pvalue(samples, probs) > P_MIN
 
 
-def test_mixed_batch_rows_follow_their_own_params():
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixed_batch_rows_follow_their_own_params(device):
     """A generic-route batch: each row's samples follow that row's own filters."""
-    cfg = ts.SamplingBackendConfig(max_bs=200, max_req_pool_size=200, vocab_size=V, device="cpu")
+    cfg = ts.SamplingBackendConfig(max_bs=200, max_req_pool_size=200, vocab_size=V, device=device)
     backend = ts.create_backend("gumbel_full", cfg)
     kinds = [dict(temperature=1.0), dict(temperature=0.7, top_k=8),
              dict(temperature=1.2, top_p=0.6), dict(temperature=1.0, min_p=0.2)]
@@ -71,9 +75,9 @@ def test_mixed_batch_rows_follow_their_own_params():
                          [ts.SamplingParams(seed=s, **p) for s, p in zip(slots, params)])
     assert backend.route == "generic"
     row = logits_row(seed=9)
-    logits = row.expand(200, V).contiguous()
-    info = ts.SamplingBatchInfo(torch.tensor(slots, dtype=torch.int32),
-                                torch.zeros(201, dtype=torch.int32), V, "cpu")
+    logits = row.expand(200, V).contiguous().to(device)
+    info = ts.SamplingBatchInfo(torch.tensor(slots, dtype=torch.int32, device=device),
+                                torch.zeros(201, dtype=torch.int32, device=device), V, device)
     per_kind = [[] for _ in kinds]
     for call in range(80):
         info.valid_cache_lengths.fill_(call)
@@ -87,10 +91,11 @@ def test_mixed_batch_rows_follow_their_own_params():
         assert chi_square_pvalue(samples, probs) > P_MIN, kind
 
 
-def test_penalties_and_bias_shift_the_distribution_exactly():
+@pytest.mark.parametrize("device", DEVICES)
+def test_penalties_and_bias_shift_the_distribution_exactly(device):
     """Repetition over prompt ∪ output, frequency/presence over output, bias: the sampled
     distribution is the reference's for the penalised logits."""
-    cfg = ts.SamplingBackendConfig(max_bs=ROWS, max_req_pool_size=ROWS, vocab_size=V, device="cpu")
+    cfg = ts.SamplingBackendConfig(max_bs=ROWS, max_req_pool_size=ROWS, vocab_size=V, device=device)
     backend = ts.create_backend("gumbel_full", cfg)
     params = dict(temperature=1.0, top_k=25, repetition_penalty=1.5, frequency_penalty=0.4,
                   presence_penalty=0.3, logit_bias={3: 2.5, 4: -1.0})
@@ -101,10 +106,10 @@ def test_penalties_and_bias_shift_the_distribution_exactly():
                          prompt_token_ids=[prompt] * ROWS)
     # Give every slot the same output history: tokens 2, 7, 7 (through greedy-forced steps).
     row = logits_row(seed=4)
-    info = ts.SamplingBatchInfo(torch.tensor(slots, dtype=torch.int32),
-                                torch.zeros(ROWS + 1, dtype=torch.int32), V, "cpu")
+    info = ts.SamplingBatchInfo(torch.tensor(slots, dtype=torch.int32, device=device),
+                                torch.zeros(ROWS + 1, dtype=torch.int32, device=device), V, device)
     for forced in (2, 7, 7):
-        forcing = torch.full((ROWS, V), -1e4)
+        forcing = torch.full((ROWS, V), -1e4, device=device)
         forcing[:, forced] = 1e4
         backend.sample(ts.LogitsProcessorOutput(forcing), info)
     assert backend.penalty_history(1) == {1: 0, 2: 1, 3: 0, 5: 0, 7: 2}
@@ -114,8 +119,9 @@ def test_penalties_and_bias_shift_the_distribution_exactly():
     for call in range(CALLS):
         backend.slots.table.copy_(snapshot)
         info.valid_cache_lengths.fill_(100 + call)
-        tokens, _ = backend.sample(ts.LogitsProcessorOutput(row.expand(ROWS, V).contiguous()), info)
-        samples.append(tokens.numpy().copy())
+        logits = row.expand(ROWS, V).contiguous().to(device)
+        tokens, _ = backend.sample(ts.LogitsProcessorOutput(logits), info)
+        samples.append(tokens.cpu().numpy().copy())
     samples = np.concatenate(samples)
     l = penalized(row.double().numpy(), history_counts={2: 1, 7: 2}, prompt=prompt,
                   repetition=1.5, frequency=0.4, presence=0.3, bias={3: 2.5, 4: -1.0})
@@ -124,11 +130,12 @@ def test_penalties_and_bias_shift_the_distribution_exactly():
     assert chi_square_pvalue(samples, probs) > P_MIN
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_logits_sample_the_upcast_distribution(dtype):
+def test_half_precision_logits_sample_the_upcast_distribution(dtype, device):
     row = logits_row(seed=5).to(dtype)
     params = dict(temperature=0.9, top_k=30, top_p=0.9)
-    samples = draw("gumbel", params, row.float(), dtype=dtype, calls=8)
+    samples = draw("gumbel", params, row.float(), dtype=dtype, calls=8, device=device)
     probs = filtered_probs(row.double().numpy(), **params)
     assert probs[samples].min() > 0
     assert chi_square_pvalue(samples, probs) > P_MIN
