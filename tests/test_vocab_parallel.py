@@ -1,5 +1,6 @@
 """Vocab-parallel sampling (gloo, 2–3 CPU processes): sharded tokens equal unsharded ones, token
-for token, across routes, seeds, positions, odd shard sizes and a rank with an all -inf shard."""
+for token, across routes, seeds, positions, odd shard sizes and a rank with an all -inf shard;
+top-p rows from candidates where that is exact (peaked rows) and from full rows elsewhere."""
 
 import os
 import socket
@@ -19,10 +20,15 @@ CASES = {
     "top_k_top_p": ("gumbel", dict(temperature=0.8, top_k=60, top_p=0.8)),
     "top_k_top_p_min_p": ("gumbel_full", dict(temperature=1.0, top_k=50, top_p=0.9, min_p=0.02)),
     "top_p_fallback": ("gumbel", dict(temperature=1.0, top_p=0.7)),
+    "top_p_peaked": ("gumbel", dict(temperature=0.5, top_p=0.9)),
     "penalties": ("gumbel_full", dict(temperature=0.7, top_k=30, repetition_penalty=1.4,
                                       frequency_penalty=0.5, presence_penalty=0.3,
                                       logit_bias={7: 3.0, 900: 2.0})),
 }
+
+
+SCALE = {"top_p_peaked": 12.0}    # logits spread: the rank's 33rd best is > 32 nats down
+CANDIDATES = {"top_p_fallback": 32, "top_p_peaked": 32}
 
 
 def _free_port() -> int:
@@ -57,11 +63,13 @@ def _worker(rank, world, port, results):
                            prompt_token_ids=[[1, 2, 7, 500]] * BS)
             return b
         full, shard_backend = make(), make()
-        sampler = VocabParallelSampler(shard_backend, offset, size)
+        sampler = VocabParallelSampler(shard_backend, offset, size,
+                                       max_candidates=CANDIDATES.get(case, 1024))
+        gathered = 0
         gen = torch.Generator().manual_seed(0)
         tokens_full, tokens_shard, lp_full, lp_shard = [], [], [], []
         for step in range(6):
-            logits = torch.randn(BS, V, generator=gen) * 3
+            logits = torch.randn(BS, V, generator=gen) * SCALE.get(case, 3.0)
             logits[2, 200:] = float("-inf")       # ranks past token 200 see an all -inf row
             if step == 3:
                 logits[4, [5, 800]] = float("inf")  # +inf entries on two different ranks
@@ -71,6 +79,7 @@ def _worker(rank, world, port, results):
             t1, _ = full.sample(o1, info)
             o2 = ts.LogitsProcessorOutput(logits[:, offset:offset + size].contiguous())
             t2, _ = sampler.sample(o2, info)
+            gathered += sampler.last_gathered_rows
             tokens_full.append(t1.tolist())
             tokens_shard.append(t2.tolist())
             lp_full.append(o1.next_token_logprobs.clone())
@@ -78,7 +87,7 @@ def _worker(rank, world, port, results):
         out[case] = (tokens_full, tokens_shard,
                      float((torch.stack(lp_full) - torch.stack(lp_shard)).abs().nan_to_num(0).max()),
                      full.penalty_history(3) if name == "gumbel_full" else None,
-                     shard_backend.penalty_history(3) if name == "gumbel_full" else None)
+                     shard_backend.penalty_history(3) if name == "gumbel_full" else None, gathered)
     # verify with penalties: drafts taken from an unsharded probe's targets, so some are
     # accepted and some not; the sharded verify must give the same predictions and lengths.
     n = 3
@@ -103,7 +112,7 @@ def _worker(rank, world, port, results):
         ts.LogitsProcessorOutput(logits[:, offset:offset + size].contiguous()), info, candidates)
     assert a_full.max() > 1, "no draft was accepted: the verify check is too weak"
     out["verify"] = ([p_full.tolist(), a_full.tolist()], [p_shard.tolist(), a_shard.tolist()],
-                     0.0, full.penalty_history(1), sampler.backend.penalty_history(1))
+                     0.0, full.penalty_history(1), sampler.backend.penalty_history(1), 0)
     results[rank] = out
     dist.destroy_process_group()
 
@@ -114,7 +123,11 @@ def test_vocab_parallel_equals_unsharded(world):
     results = manager.dict()
     mp.spawn(_worker, args=(world, _free_port(), results), nprocs=world, join=True)
     for rank in range(world):
-        for case, (full, shard, lp_err, h_full, h_shard) in results[rank].items():
+        for case, (full, shard, lp_err, h_full, h_shard, gathered) in results[rank].items():
             assert shard == full, f"rank {rank}, {case}"
             assert lp_err < 1e-4, f"rank {rank}, {case}: logprob error {lp_err}"
             assert h_full == h_shard, f"rank {rank}, {case}: penalty history differs"
+        # peaked rows come from candidates (the +inf row of step 3 from its full row); flat
+        # rows need their full rows
+        assert 0 < results[rank]["top_p_peaked"][5] < BS * 6 // 2
+        assert results[rank]["top_p_fallback"][5] >= BS * 6 // 2

@@ -10,8 +10,12 @@ numbers per row:
 - top-k rows (k <= `max_candidates`): each rank's top-k candidates `(z, id)` are all-gathered,
   and the row is finished over them (top-k, top-p within top-k, min-p, Gumbel-max) by the same
   kernel that samples unsharded rows, so the token is identical;
-- anything else (top-p without top-k, a mixed batch): the processed rows are all-gathered — exact,
-  and no worse than the usual all-gather-then-sample.
+- top-p rows: each rank's `max_candidates` best tokens and the best z it left out are
+  all-gathered; when every left-out token is 32 nats or more below the row's best, its mass
+  cannot move the top-p total or cut, and the row is finished over the listed tokens (peaked
+  rows); other rows are all-gathered;
+- anything else (a mixed batch): the processed rows are all-gathered — exact, and no worse than
+  the usual all-gather-then-sample.
 
 Raw logprobs need the global log-sum-exp: two more small all-reduces. Every rank returns the same
 tokens and records them in its own (replicated) slot state.
@@ -52,6 +56,7 @@ class VocabParallelSampler:
         self.shard_size = shard_size
         self.group = group
         self.max_candidates = max_candidates
+        self.last_gathered_rows = 0  # rows of the last step that needed their full logits
         self._local_ids = torch.arange(vocab_offset, vocab_offset + shard_size, dtype=torch.int32,
                                        device=backend.device)
 
@@ -118,6 +123,37 @@ class VocabParallelSampler:
             rows.scatter_(1, i.long(), v)
         return rows
 
+    def _nucleus_rows(self, processed: torch.Tensor, temperature: torch.Tensor,
+                      greedy: torch.Tensor) -> torch.Tensor:
+        """Top-p rows over every rank's best tokens where that is exact, full rows elsewhere.
+
+        A token 32 nats or more below the row's best has mass below 2^-46 of it: adding it to
+        the reference's fp32 sum (which already holds the best token's 1) changes nothing, and the
+        CUDA path's integer masses round its bin to zero. So when every token a rank left out is
+        that far down, the left-out tokens change neither the total nor the cut, and the listed
+        ones sample the same token.
+        """
+        z = processed / temperature.unsqueeze(1)
+        k = min(self.max_candidates, self.shard_size)
+        sorted_z, order = torch.sort(z, dim=-1, descending=True, stable=True)
+        left_out = (sorted_z[:, k] if k < self.shard_size
+                    else torch.full_like(sorted_z[:, 0], float("-inf")))
+        all_values = self._all_gather(processed.gather(1, order[:, :k]))
+        all_ids = self._all_gather(self._local_ids[order[:, :k]])
+        bound = self._all_gather(left_out).amax(dim=0)  # the best z that no rank listed
+        z_max = (all_values / temperature.view(1, -1, 1)).amax(dim=(0, 2))
+        exact = (bound == float("-inf")) | ((z_max > bound) & (
+            greedy | ((z_max < float("inf")) & (z_max - bound >= 32.0))))
+        rows = torch.full((processed.size(0), self.backend.config.vocab_size), float("-inf"),
+                          device=processed.device)
+        for values, ids in zip(all_values, all_ids):
+            rows.scatter_(1, ids.long(), values)
+        gathered = ~exact
+        self.last_gathered_rows = int(gathered.sum())
+        if self.last_gathered_rows:
+            rows[gathered] = self._full_rows(processed[gathered])
+        return rows
+
     def _finish(self, rows, info, n, out) -> None:
         """The unsharded kernel on rows whose penalties are already applied."""
         b = self.backend
@@ -156,6 +192,8 @@ class VocabParallelSampler:
             b.invalid_rows[:rows].copy_(invalid)
         elif route in _CANDIDATE_ROUTES and b.step_max_top_k <= self.max_candidates:
             self._finish(self._candidate_rows(processed, temperature, b.step_max_top_k), info, n, out)
+        elif route == _C.Route.TOP_P:
+            self._finish(self._nucleus_rows(processed, temperature, greedy), info, n, out)
         else:
             self._finish(self._full_rows(processed), info, n, out)
         return out
