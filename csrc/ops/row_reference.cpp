@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <numeric>
 
@@ -41,7 +42,8 @@ std::vector<int32_t> ranked_prefix(const std::vector<float>& values, std::vector
                                    size_t limit) {
   auto before = [&](int32_t a, int32_t b) { return ranks_before(values[a], a, values[b], b); };
   limit = std::min(limit, ids.size());
-  std::partial_sort(ids.begin(), ids.begin() + limit, ids.end(), before);
+  if (limit == ids.size()) std::sort(ids.begin(), ids.end(), before);  // not partial_sort's heap sort
+  else std::partial_sort(ids.begin(), ids.begin() + limit, ids.end(), before);
   ids.resize(limit);
   return ids;
 }
@@ -159,9 +161,17 @@ int32_t sample_kept(const RowDistribution& d, const RowContext& ctx) {
   const uint64_t seed = ctx.slot.seed();
   int32_t best = -1;
   float best_score = 0.0f;
+  // gumbel_noise(seed, position, i) with one Philox call per group of 4 ids (kept ids of
+  // rows without top-k / top-p come in id order)
+  Philox4 words{};
+  uint32_t group = UINT32_MAX;
   for (size_t j = 0; j < d.kept.size(); ++j) {
     const int32_t i = d.kept[j];
-    const float score = f_add(d.kept_z[j], gumbel_noise(seed, ctx.position, i, kStreamGumbel));
+    if (static_cast<uint32_t>(i) >> 2 != group) {
+      group = static_cast<uint32_t>(i) >> 2;
+      words = random_words(seed, ctx.position, group, kStreamGumbel);
+    }
+    const float score = f_add(d.kept_z[j], gumbel_from_word(words.v[i & 3]));
     if (best < 0 || ranks_before(score, i, best_score, best)) {
       best = i;
       best_score = score;
