@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 #include <torch/extension.h>
 
+#include "cuda/workspace.h"
 #include "slot_state/slot_state_manager.h"
 #include "tokensampler/rng.h"
 
@@ -13,6 +14,9 @@ using tokensampler::SlotStateManager;
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "tokensampler native module: slot-state manager and operator library";
+  m.def("sample_rows_workspace_bytes", &tokensampler::cuda::sample_rows_workspace_bytes,
+        py::arg("max_rows"),
+        "Bytes of the CUDA sample_rows workspace that serves steps of up to max_rows rows.");
 #ifdef TOKENSAMPLER_WITH_CUDA
   m.attr("built_with_cuda") = true;
 #else

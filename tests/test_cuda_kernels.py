@@ -363,3 +363,27 @@ def test_cuda_graph_replay_equals_eager(route):
         eager = [t.clone() for t in o]
         for a, b in zip(replay, eager):
             assert torch.equal(a, b)
+
+
+def test_backend_workspace_serves_every_step_and_a_short_one_is_refused():
+    """A CUDA backend owns its kernels' scratch (sized from the config, so steps allocate
+    nothing); the op gives the same tokens with or without it and refuses one too small."""
+    mgr, slots, lengths, logits, sel = _device_inputs(route="top_p")
+    cfg = ts.SamplingBackendConfig(max_bs=4, max_draft_tokens_per_req=2, max_req_pool_size=4,
+                                   vocab_size=1000, device="cuda")
+    backend = ts.create_backend("gumbel", cfg)
+    assert backend._workspace.numel() == _C.sample_rows_workspace_bytes(8)
+    table = mgr.table.cuda()
+    rows = logits.size(0)
+    outs = []
+    for workspace in (None, torch.empty(_C.sample_rows_workspace_bytes(rows), dtype=torch.uint8,
+                                        device="cuda")):
+        o = _outs(rows, 0)[:3]
+        OPS.sample_rows(logits, slots, lengths, table, mgr.history_capacity, mgr.bias_capacity,
+                        1, None, True, 0, sel, *o, None, None, workspace)
+        outs.append(o[0].clone())
+    assert torch.equal(outs[0], outs[1])
+    short = torch.empty(1024, dtype=torch.uint8, device="cuda")
+    with pytest.raises(ValueError, match="workspace holds 1024 bytes"):
+        OPS.sample_rows(logits, slots, lengths, table, mgr.history_capacity, mgr.bias_capacity,
+                        1, None, True, 0, sel, *_outs(rows, 0)[:3], None, None, short)

@@ -286,3 +286,14 @@ def test_packed_output_d2h(backend):
     assert packed is not None
     assert torch.equal(packed[0], t) and torch.equal(packed[1], l)
     assert backend.get_packed_output_d2h(t.clone(), l.clone()) is None
+
+
+def test_workspace_is_sized_from_the_config_and_only_for_cuda(backend):
+    """The CUDA kernels' scratch is allocated once, from max_bs * max_draft_tokens_per_req; the
+    CPU kernels need none."""
+    from tokensampler import _C
+
+    assert backend._workspace is None  # a CPU backend
+    per_row = _C.sample_rows_workspace_bytes(2) - _C.sample_rows_workspace_bytes(1)
+    assert per_row > 0
+    assert _C.sample_rows_workspace_bytes(512) == _C.sample_rows_workspace_bytes(1) + 511 * per_row

@@ -113,7 +113,8 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
                  int64_t logprobs_mode, int64_t route, at::Tensor& out_tokens,
                  at::Tensor& out_invalid, const std::optional<at::Tensor>& out_logprobs,
                  const std::optional<at::Tensor>& out_top_values,
-                 const std::optional<at::Tensor>& out_top_ids) {
+                 const std::optional<at::Tensor>& out_top_ids,
+                 const std::optional<at::Tensor>& workspace) {
   check_sample_rows_args(logits, req_pool_indices, valid_cache_lengths, slot_table,
                          history_capacity, bias_capacity, tokens_per_req, candidates, out_tokens,
                          out_invalid);
@@ -125,7 +126,7 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
   const SlotLayout layout{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity)};
   const SampleRowsCall call{logits, req_pool_indices, valid_cache_lengths, slot_table, layout,
                             tokens_per_req, candidates, apply_penalties, logprobs_mode, route,
-                            out_tokens, out_invalid, out_logprobs, top_n > 0};
+                            out_tokens, out_invalid, out_logprobs, top_n > 0, workspace};
   if (split_row::try_sample(call) || top_p::try_sample(call)) return;
   const auto stream = at::cuda::getCurrentCUDAStream();
   SampleArgs a;

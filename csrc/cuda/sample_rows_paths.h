@@ -27,6 +27,7 @@ struct SampleRowsCall {
   at::Tensor& out_invalid;
   const std::optional<at::Tensor>& out_logprobs;
   bool want_top_n;
+  const std::optional<at::Tensor>& workspace;  // uint8, sample_rows_workspace_bytes(rows) or more
 };
 
 namespace split_row {

@@ -6,9 +6,11 @@
 #include <ATen/cuda/CUDAContext.h>
 
 #include <algorithm>
+#include <array>
 
 #include "sample_rows_paths.h"
 #include "split_row_kernel.cuh"
+#include "workspace.h"
 
 namespace tokensampler::cuda::split_row {
 
@@ -42,6 +44,37 @@ inline void set_chunks(Args& a, int64_t rows, int64_t max_splits) {
   chunk_len = (chunk_len + 3) / 4 * 4;
   a.chunk_len = chunk_len;
   a.splits = static_cast<int32_t>((a.vocab + chunk_len - 1) / chunk_len);
+}
+
+// Consecutive sections of the given byte sizes, each workspace-aligned: carved from the call's
+// workspace, or (a caller without one) from the caching allocator. `storage` keeps that alive.
+template <int kSections>
+std::array<unsigned char*, kSections> workspace_sections(const SampleRowsCall& c,
+                                                         const std::array<int64_t, kSections>& bytes,
+                                                         at::Tensor& storage) {
+  static_assert(kSections <= kWorkspaceSections);
+  int64_t total = 0;
+  for (int64_t b : bytes) total += workspace_aligned(b);
+  if (c.workspace) {
+    const at::Tensor& w = *c.workspace;
+    TORCH_CHECK_VALUE(w.scalar_type() == at::kByte && w.dim() == 1 && w.is_contiguous() &&
+                          w.device() == c.logits.device(),
+                      "workspace must be a contiguous 1-D uint8 tensor on ", c.logits.device(),
+                      ", got ", w.scalar_type(), " ", w.sizes(), " on ", w.device());
+    TORCH_CHECK_VALUE(w.numel() >= total, "workspace holds ", w.numel(), " bytes; a step of ",
+                      c.logits.size(0), " rows needs ", total,
+                      " (_C.sample_rows_workspace_bytes(rows))");
+    storage = w;
+  } else {
+    storage = at::empty({total}, c.logits.options().dtype(at::kByte));
+  }
+  std::array<unsigned char*, kSections> at{};
+  auto* p = static_cast<unsigned char*>(storage.data_ptr());
+  for (int s = 0; s < kSections; ++s) {
+    at[s] = p;
+    p += workspace_aligned(bytes[s]);
+  }
+  return at;
 }
 
 }  // namespace tokensampler::cuda::split_row

@@ -26,12 +26,14 @@ bool try_sample(const SampleRowsCall& c) {
   set_chunks(a, rows, top_k_family ? std::min(kMaxSplits, kMergeCap / k_cap) : kMaxSplits);
   a.k_cap = k_cap;
 
-  const auto options = c.logits.options().dtype(at::kByte);
-  auto results = at::empty({rows * a.splits * static_cast<int64_t>(sizeof(ChunkResult))}, options);
-  auto candidates = at::empty(
-      {std::max<int64_t>(1, rows * a.splits * k_cap * static_cast<int64_t>(sizeof(Candidate)))}, options);
-  a.results = reinterpret_cast<ChunkResult*>(results.data_ptr());
-  a.chunk_candidates = reinterpret_cast<Candidate*>(candidates.data_ptr());
+  static_assert(kMaxSplits * sizeof(ChunkResult) + kMergeCap * sizeof(Candidate) <=
+                kWorkspaceBytesPerRow);  // splits * k_cap <= kMergeCap
+  at::Tensor storage;
+  const auto sections = workspace_sections<2>(
+      c, {rows * a.splits * int64_t{sizeof(ChunkResult)}, rows * a.splits * k_cap * int64_t{sizeof(Candidate)}},
+      storage);
+  a.results = reinterpret_cast<ChunkResult*>(sections[0]);
+  a.chunk_candidates = reinterpret_cast<Candidate*>(sections[1]);
   // Under 48 KiB in every case, so no opt-in attribute is needed.
   const size_t chunk_smem = (c.apply_penalties ? kPenaltyBitmapWords * sizeof(uint32_t) : 0) +
                             (top_k_family ? kBufferCap * sizeof(Candidate) : 0);

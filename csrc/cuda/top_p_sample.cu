@@ -9,12 +9,6 @@
 
 namespace tokensampler::cuda::top_p {
 
-namespace {
-
-int64_t aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
-
-}  // namespace
-
 bool try_sample(const SampleRowsCall& c) {
   if (c.want_top_n || (c.out_logprobs && c.logprobs_mode == 1) || c.logits.size(1) > kMaxVocab)
     return false;
@@ -26,20 +20,21 @@ bool try_sample(const SampleRowsCall& c) {
   static_cast<split_row::Args&>(a) = split_row::common_args(c);
   split_row::set_chunks(a, rows, split_row::kMaxSplits);
 
-  // One scratch allocation: chunk results, cut lists, histograms, list lengths.
-  const int64_t results_bytes = aligned(rows * a.splits * int64_t{sizeof(ChunkResult)});
-  const int64_t lists_bytes = aligned(rows * kCutCap * int64_t{sizeof(Candidate)});
-  const int64_t masses_bytes = aligned(rows * kBins * int64_t{sizeof(unsigned long long)});
-  const int64_t counts_bytes = aligned(rows * kBins * int64_t{sizeof(int32_t)});
-  const int64_t lengths_bytes = aligned(rows * int64_t{sizeof(int32_t)});
-  auto scratch = at::empty({results_bytes + lists_bytes + masses_bytes + counts_bytes + lengths_bytes},
-                           c.logits.options().dtype(at::kByte));
-  auto* base = static_cast<unsigned char*>(scratch.data_ptr());
-  a.results = reinterpret_cast<ChunkResult*>(base);
-  a.chunk_candidates = reinterpret_cast<Candidate*>(base + results_bytes);
-  a.bin_masses = reinterpret_cast<unsigned long long*>(base + results_bytes + lists_bytes);
-  a.bin_counts = reinterpret_cast<int32_t*>(base + results_bytes + lists_bytes + masses_bytes);
-  a.cut_count = reinterpret_cast<int32_t*>(base + results_bytes + lists_bytes + masses_bytes + counts_bytes);
+  // Chunk results, cut lists, histogram masses and counts, list lengths.
+  static_assert(split_row::kMaxSplits * sizeof(ChunkResult) + kCutCap * sizeof(Candidate) +
+                    kBins * (sizeof(unsigned long long) + sizeof(int32_t)) + sizeof(int32_t) <=
+                kWorkspaceBytesPerRow);
+  at::Tensor storage;
+  const auto sections = split_row::workspace_sections<5>(
+      c, {rows * a.splits * int64_t{sizeof(ChunkResult)}, rows * kCutCap * int64_t{sizeof(Candidate)},
+          rows * kBins * int64_t{sizeof(unsigned long long)}, rows * kBins * int64_t{sizeof(int32_t)},
+          rows * int64_t{sizeof(int32_t)}},
+      storage);
+  a.results = reinterpret_cast<ChunkResult*>(sections[0]);
+  a.chunk_candidates = reinterpret_cast<Candidate*>(sections[1]);
+  a.bin_masses = reinterpret_cast<unsigned long long*>(sections[2]);
+  a.bin_counts = reinterpret_cast<int32_t*>(sections[3]);
+  a.cut_count = reinterpret_cast<int32_t*>(sections[4]);
 
   const size_t bitmap_smem = c.apply_penalties ? kPenaltyBitmapWords * sizeof(uint32_t) : 0;
   const auto stream = at::cuda::getCurrentCUDAStream();

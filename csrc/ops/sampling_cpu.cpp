@@ -36,7 +36,8 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
                  int64_t logprobs_mode, int64_t /*route*/, at::Tensor& out_tokens,
                  at::Tensor& out_invalid, const std::optional<at::Tensor>& out_logprobs,
                  const std::optional<at::Tensor>& out_top_values,
-                 const std::optional<at::Tensor>& out_top_ids) {
+                 const std::optional<at::Tensor>& out_top_ids,
+                 const std::optional<at::Tensor>& /*workspace: the CUDA paths' scratch*/) {
   check_sample_rows_args(logits, req_pool_indices, valid_cache_lengths, slot_table,
                          history_capacity, bias_capacity, tokens_per_req, candidates, out_tokens,
                          out_invalid);

@@ -14,7 +14,8 @@ void argmax_rows_meta(const at::Tensor&, at::Tensor&) {}
 void sample_rows_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                       int64_t, int64_t, int64_t, const std::optional<at::Tensor>&, bool, int64_t,
                       int64_t, at::Tensor&, at::Tensor&, const std::optional<at::Tensor>&,
-                      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&) {}
+                      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                      const std::optional<at::Tensor>&) {}
 
 void verify_chain_meta(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&) {}
 
@@ -43,12 +44,14 @@ TORCH_LIBRARY(tokensampler, m) {
   // sees drafts candidates[b, 1..j] in its penalty history. route is a hint that selects a
   // kernel: low 8 bits the step's route (Route in slot_params.h, which must cover the filters
   // the rows use), higher bits the step's largest top-k (0: unknown). It never changes tokens.
+  // workspace: scratch of the CUDA multi-block paths (uint8, _C.sample_rows_workspace_bytes of
+  // the step's rows or more), allocated once by the caller; without it they allocate per step.
   m.def(
       "sample_rows(Tensor logits, Tensor req_pool_indices, Tensor valid_cache_lengths, "
       "Tensor slot_table, int history_capacity, int bias_capacity, int tokens_per_req, "
       "Tensor? candidates, bool apply_penalties, int logprobs_mode, int route, "
       "Tensor(a!) out_tokens, Tensor(b!) out_invalid, Tensor(c!)? out_logprobs, "
-      "Tensor(d!)? out_top_values, Tensor(e!)? out_top_ids) -> ()");
+      "Tensor(d!)? out_top_values, Tensor(e!)? out_top_ids, Tensor(f!)? workspace=None) -> ()");
   // DESIGN §4 target-sampled chain matching over candidates [bs, n] and target tokens [bs*n].
   m.def(
       "verify_chain(Tensor candidates, Tensor target_tokens, Tensor(a!) out_predict, "

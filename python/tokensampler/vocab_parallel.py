@@ -161,7 +161,7 @@ class VocabParallelSampler:
         torch.ops.tokensampler.sample_rows(
             rows, info.req_pool_indices, info.valid_cache_lengths, b.slots.table,
             b.slots.history_capacity, b.slots.bias_capacity, n, None, False, 0, int(b._route),
-            out, b.invalid_rows[:count], None, None, None)
+            out, b.invalid_rows[:count], None, None, None, b._workspace)
 
     # ---- public ----
     def sample_rows(self, shard_logits: torch.Tensor, info: SamplingBatchInfo, n: int = 1,

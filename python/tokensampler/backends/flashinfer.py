@@ -47,6 +47,7 @@ class _FlashInferMixin:
     """Replaces the Gumbel kernels of a Gumbel backend with FlashInfer's draws."""
 
     _FULL: bool
+    _KERNEL_WORKSPACE = False  # FlashInfer draws; tokensampler's sample_rows kernels never run
 
     @staticmethod
     def _require_flashinfer(config) -> None:

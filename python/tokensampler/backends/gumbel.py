@@ -67,6 +67,8 @@ class GumbelSamplingBackend(SamplingBackend):
     _HAS_POOL_STATE = True
     # What the full backend adds; the plain one ignores min-p, penalties and bias.
     _FULL = False
+    # Whether tokensampler's own sample_rows kernels draw (the FlashInfer adapters say no).
+    _KERNEL_WORKSPACE = True
 
     def __init__(self, config) -> None:
         super().__init__(config)
@@ -81,6 +83,11 @@ class GumbelSamplingBackend(SamplingBackend):
         self._admitted: dict = {}
         self._row_offsets = torch.arange(config.max_draft_tokens_per_req, device=self.device)
         self._logprobs_mode = LOGPROBS_MODES.index(config.logprobs_mode)
+        # Scratch of the CUDA kernels, sized once from the config: no step allocates.
+        rows = config.max_bs * config.max_draft_tokens_per_req
+        self._workspace = (
+            torch.empty(_C.sample_rows_workspace_bytes(rows), dtype=torch.uint8, device=self.device)
+            if self._KERNEL_WORKSPACE and self.device.type == "cuda" else None)
 
     # ---- pool views (one int32 table; floats stored as bits) ----
     def _column(self, col: int, dtype: torch.dtype) -> torch.Tensor:
@@ -219,7 +226,7 @@ class GumbelSamplingBackend(SamplingBackend):
             self.invalid_rows[:rows],
             None if self._logprobs is None else self._logprobs[:rows],
             None if self._top_values is None else self._top_values[:rows],
-            None if self._top_ids is None else self._top_ids[:rows])
+            None if self._top_ids is None else self._top_ids[:rows], self._workspace)
 
     def _route_hint(self) -> int:
         """The kernels' route hint: the route, and for top-k routes the step's largest k."""
