@@ -79,6 +79,20 @@ __device__ __forceinline__ void warp_merge_lse(float& m, float& s) {
     merge_lse(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
 }
 
+// Block-wide (max, sum-exp); every thread gets it. red_m / red_s hold one value per warp.
+template <int kThreads>
+__device__ __forceinline__ void block_merge_lse(float& m, float& s, float* red_m, float* red_s) {
+  warp_merge_lse(m, s);
+  if ((threadIdx.x & 31) == 0) {
+    red_m[threadIdx.x >> 5] = m;
+    red_s[threadIdx.x >> 5] = s;
+  }
+  __syncthreads();
+  m = kNegInf;
+  s = 0.0f;
+  for (int j = 0; j < kThreads / 32; ++j) merge_lse(m, s, red_m[j], red_s[j]);
+}
+
 // Upper bound of the Gumbel value a random word can give (exact math, see file comment):
 // with q = 2^23 - 1 - (word >> 9), 1 - u >= 2^(31 - clz(q) - 23), so G <= (clz(q) - 8) ln 2.
 // The margin covers the rounding of the computed G.
@@ -530,17 +544,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
   int parity = 0;
   inf_count = block_count<kFinishThreads>(inf_count, red_count, parity);
   const int total = block_count<kFinishThreads>(kept, red_count, parity);
-  if (a.want_raw) {
-    warp_merge_lse(raw_m, raw_s);
-    if ((threadIdx.x & 31) == 0) {
-      red_m[threadIdx.x >> 5] = raw_m;
-      red_s[threadIdx.x >> 5] = raw_s;
-    }
-    __syncthreads();
-    raw_m = kNegInf;
-    raw_s = 0.0f;
-    for (int j = 0; j < kFinishThreads / 32; ++j) merge_lse(raw_m, raw_s, red_m[j], red_s[j]);
-  }
+  if (a.want_raw) block_merge_lse<kFinishThreads>(raw_m, raw_s, red_m, red_s);
 
   const bool invalid = argmax.z == kNegInf;
   int32_t token = 0;

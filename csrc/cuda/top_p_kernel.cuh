@@ -411,19 +411,15 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
     return;
   }
   const T* x = logits + r * a.row_stride;
-  Candidate argmax{kNegInf, kNoId}, best{kNegInf, kNoId};
-  float raw_m = kNegInf, raw_s = 0.0f;
-  int32_t inf_count = 0;
+  const RowStats stats = merge_stats<kFinishThreads>(a, r, sm.scratch, sm.red);
+  const Candidate argmax = stats.argmax;
+  const int32_t inf_count = stats.inf_count;
+  Candidate best{kNegInf, kNoId};
+  float raw_m = kNegInf, raw_s = 0.0f;  // merged below when wanted (one chunk per thread)
   if (threadIdx.x < a.splits) {
-    const ChunkResult& c = a.results[r * a.splits + threadIdx.x];
-    argmax = c.argmax;
-    raw_m = c.raw_max;
-    raw_s = c.raw_sum;
-    inf_count = c.inf_count;
+    raw_m = a.results[r * a.splits + threadIdx.x].raw_max;
+    raw_s = a.results[r * a.splits + threadIdx.x].raw_sum;
   }
-  argmax = split_row::block_best<kFinishThreads>(argmax, sm.scratch);
-  int parity = 0;
-  inf_count = split_row::block_count<kFinishThreads>(inf_count, sm.red, parity);
   int kind = kind_of(p, argmax.z, inf_count);
   if (kind == kNoCut || kind == kMassCut || kind == kCountCut) {
     if (threadIdx.x < a.splits) best = a.results[r * a.splits + threadIdx.x].best;
@@ -478,18 +474,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
                                                               &sm.keep_count, sm.scratch);
     }
   }
-  if (a.want_raw) {
-    split_row::warp_merge_lse(raw_m, raw_s);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) {
-      sm.red_m[threadIdx.x >> 5] = raw_m;
-      sm.red_s[threadIdx.x >> 5] = raw_s;
-    }
-    __syncthreads();
-    raw_m = kNegInf;
-    raw_s = 0.0f;
-    for (int j = 0; j < kFinishThreads / 32; ++j) split_row::merge_lse(raw_m, raw_s, sm.red_m[j], sm.red_s[j]);
-  }
+  if (a.want_raw) split_row::block_merge_lse<kFinishThreads>(raw_m, raw_s, sm.red_m, sm.red_s);
   if (threadIdx.x == 0) {
     a.out_tokens[r] = token;
     a.out_invalid[r] = kind == kInvalid;

@@ -108,20 +108,21 @@ class VocabParallelSampler:
             full[:, offset:offset + size] = part[:, :size]
         return full
 
-    def _candidate_rows(self, processed: torch.Tensor, temperature: torch.Tensor, k: int) -> torch.Tensor:
-        """Rows of -inf holding only every rank's top-k tokens (by z, ties to lower id)."""
+    def _candidate_rows(self, processed: torch.Tensor, temperature: torch.Tensor, k: int
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rows of -inf holding only every rank's top-k tokens (by z, ties to lower id); also the
+        gathered values [world, rows, k] and this rank's z sorted in rank order."""
         z = processed / temperature.unsqueeze(1)
         k = min(k, self.shard_size)
         # stable sort keeps lower ids first among equal values
-        order = torch.sort(z, dim=-1, descending=True, stable=True).indices[:, :k]
-        values = processed.gather(1, order)
-        ids = self._local_ids[order]
-        all_values, all_ids = self._all_gather(values), self._all_gather(ids)
+        sorted_z, order = torch.sort(z, dim=-1, descending=True, stable=True)
+        all_values = self._all_gather(processed.gather(1, order[:, :k]))
+        all_ids = self._all_gather(self._local_ids[order[:, :k]])
         rows = torch.full((processed.size(0), self.backend.config.vocab_size), float("-inf"),
                           device=processed.device)
         for v, i in zip(all_values, all_ids):
             rows.scatter_(1, i.long(), v)
-        return rows
+        return rows, all_values, sorted_z
 
     def _nucleus_rows(self, processed: torch.Tensor, temperature: torch.Tensor,
                       greedy: torch.Tensor) -> torch.Tensor:
@@ -133,21 +134,14 @@ class VocabParallelSampler:
         that far down, the left-out tokens change neither the total nor the cut, and the listed
         ones sample the same token.
         """
-        z = processed / temperature.unsqueeze(1)
-        k = min(self.max_candidates, self.shard_size)
-        sorted_z, order = torch.sort(z, dim=-1, descending=True, stable=True)
+        rows, all_values, sorted_z = self._candidate_rows(processed, temperature, self.max_candidates)
+        k = all_values.size(2)
         left_out = (sorted_z[:, k] if k < self.shard_size
                     else torch.full_like(sorted_z[:, 0], float("-inf")))
-        all_values = self._all_gather(processed.gather(1, order[:, :k]))
-        all_ids = self._all_gather(self._local_ids[order[:, :k]])
         bound = self._all_gather(left_out).amax(dim=0)  # the best z that no rank listed
         z_max = (all_values / temperature.view(1, -1, 1)).amax(dim=(0, 2))
         exact = (bound == float("-inf")) | ((z_max > bound) & (
             greedy | ((z_max < float("inf")) & (z_max - bound >= 32.0))))
-        rows = torch.full((processed.size(0), self.backend.config.vocab_size), float("-inf"),
-                          device=processed.device)
-        for values, ids in zip(all_values, all_ids):
-            rows.scatter_(1, ids.long(), values)
         gathered = ~exact
         self.last_gathered_rows = int(gathered.sum())
         if self.last_gathered_rows:
@@ -191,7 +185,7 @@ class VocabParallelSampler:
             out.copy_(torch.where(greedy, greedy_best, sampled).masked_fill(invalid, 0))
             b.invalid_rows[:rows].copy_(invalid)
         elif route in _CANDIDATE_ROUTES and b.step_max_top_k <= self.max_candidates:
-            self._finish(self._candidate_rows(processed, temperature, b.step_max_top_k), info, n, out)
+            self._finish(self._candidate_rows(processed, temperature, b.step_max_top_k)[0], info, n, out)
         elif route == _C.Route.TOP_P:
             self._finish(self._nucleus_rows(processed, temperature, greedy), info, n, out)
         else:
