@@ -365,9 +365,9 @@ def test_cuda_graph_replay_equals_eager(route):
             assert torch.equal(a, b)
 
 
-def test_backend_workspace_serves_every_step_and_a_short_one_is_refused():
+def test_backend_workspace_serves_every_step():
     """A CUDA backend owns its kernels' scratch (sized from the config, so steps allocate
-    nothing); the op gives the same tokens with or without it and refuses one too small."""
+    nothing); the op gives the same tokens with or without it."""
     mgr, slots, lengths, logits, sel = _device_inputs(route="top_p")
     cfg = ts.SamplingBackendConfig(max_bs=4, max_draft_tokens_per_req=2, max_req_pool_size=4,
                                    vocab_size=1000, device="cuda")
@@ -383,7 +383,14 @@ def test_backend_workspace_serves_every_step_and_a_short_one_is_refused():
                         1, None, True, 0, sel, *o, None, None, workspace)
         outs.append(o[0].clone())
     assert torch.equal(outs[0], outs[1])
+
+
+def test_short_workspace_is_refused(cpp_exceptions_reach_python):
+    if not cpp_exceptions_reach_python:
+        pytest.skip("C++ exceptions from extensions crash this machine's torch build")
+    mgr, slots, lengths, logits, sel = _device_inputs(route="top_p")
+    table = mgr.table.cuda()
     short = torch.empty(1024, dtype=torch.uint8, device="cuda")
     with pytest.raises(ValueError, match="workspace holds 1024 bytes"):
         OPS.sample_rows(logits, slots, lengths, table, mgr.history_capacity, mgr.bias_capacity,
-                        1, None, True, 0, sel, *_outs(rows, 0)[:3], None, None, short)
+                        1, None, True, 0, sel, *_outs(logits.size(0), 0)[:3], None, None, short)
