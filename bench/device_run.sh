@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One call on the lent H200: build tokensampler, run the GPU tests, run the benchmark.
+# One call on the lent H200: build tokensampler, run the GPU tests, run the benchmark (and, on a
+# machine with two or more GPUs, the vocab-parallel benchmark over NCCL).
 # Logs and JSON go to $OUT (the device tool brings back at most 8 files: this script writes 6,
-# bench/profile.sh appends to one more).
+# 7 with several GPUs; bench/profile.sh appends to one more).
 #   bench/device_run.sh [--no-bench] [--bench-args "..."] [--tests "pytest args"]
 # Carry .fi (from ../shared/tools/flashinfer_bundle.sh .fi) to benchmark FlashInfer beside us.
 set -uo pipefail
@@ -20,6 +21,9 @@ while [ $# -gt 0 ]; do
   shift
 done
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}
+# NVLink multicast stays off on the lent machines (their KINDS.md): NCCL, PyTorch, NVSHMEM.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+GPUS=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
 
@@ -43,6 +47,10 @@ echo "build: $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu.txt"
 python3 -m pytest -q -p no:cacheprovider $TEST_ARGS 2>&1 | tee "$OUT/tests.log" | tail -40
 if [ "$RUN_BENCH" = 1 ]; then
   python3 bench/benchmark.py --json "$OUT/bench.json" --plot "$OUT/bench.png" $BENCH_ARGS 2>&1 | tee "$OUT/bench.log" | tail -60
+  if [ "$GPUS" -ge 2 ]; then  # vocab-parallel vs all-gather-then-sample over NCCL (issue 5)
+    python3 -m torch.distributed.run --nproc_per_node "$GPUS" bench/vocab_parallel_bench.py \
+      --json "$OUT/tp_bench.json" 2>&1 | tee -a "$OUT/bench.log" | tail -20
+  fi
 fi
 # The tests' verdict again, last, so it survives in the tail of a long run's output.
 echo "GPU tests: $(tail -1 "$OUT/tests.log")" | tee -a "$OUT/gpu.txt"

@@ -1,6 +1,7 @@
-"""Vocab-parallel sampling (gloo, 2–3 CPU processes): sharded tokens equal unsharded ones, token
-for token, across routes, seeds, positions, odd shard sizes and a rank with an all -inf shard;
-top-p rows from candidates where that is exact (peaked rows) and from full rows elsewhere."""
+"""Vocab-parallel sampling: sharded tokens equal unsharded ones, token for token, across routes,
+seeds, positions, odd shard sizes and a rank with an all -inf shard; top-p rows from candidates
+where that is exact (peaked rows) and from full rows elsewhere. gloo with 2–3 CPU processes (CI),
+and NCCL with one process per GPU where a machine has two."""
 
 import os
 import socket
@@ -44,9 +45,13 @@ def _shards(world):
     return [(bounds[i], bounds[i + 1] - bounds[i]) for i in range(world)]
 
 
-def _worker(rank, world, port, results):
+def _worker(rank, world, port, results, dist_backend):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dev = "cpu"
+    if dist_backend == "nccl":
+        torch.cuda.set_device(rank)
+        dev = "cuda"
+    dist.init_process_group(dist_backend, rank=rank, world_size=world)
     import tokensampler as ts
     from tokensampler.vocab_parallel import VocabParallelSampler
 
@@ -55,7 +60,7 @@ def _worker(rank, world, port, results):
     for case, (name, params) in CASES.items():
         def make():
             cfg = ts.SamplingBackendConfig(max_bs=BS, max_req_pool_size=BS, vocab_size=V,
-                                           device="cpu", enable_output_logprobs=True)
+                                           device=dev, enable_output_logprobs=True)
             b = ts.create_backend(name, cfg)
             sps = [ts.SamplingParams(seed=100 + i, **params) for i in range(BS)]
             sps[1] = ts.SamplingParams(temperature=0.0, seed=1)  # a greedy row too
@@ -69,12 +74,13 @@ def _worker(rank, world, port, results):
         gen = torch.Generator().manual_seed(0)
         tokens_full, tokens_shard, lp_full, lp_shard = [], [], [], []
         for step in range(6):
-            logits = torch.randn(BS, V, generator=gen) * SCALE.get(case, 3.0)
+            logits = (torch.randn(BS, V, generator=gen) * SCALE.get(case, 3.0)).to(dev)
             logits[2, 200:] = float("-inf")       # ranks past token 200 see an all -inf row
             if step == 3:
                 logits[4, [5, 800]] = float("inf")  # +inf entries on two different ranks
-            info = ts.SamplingBatchInfo(torch.arange(1, BS + 1, dtype=torch.int32),
-                                        torch.full((BS + 1,), 10 + step, dtype=torch.int32), V, "cpu")
+            info = ts.SamplingBatchInfo(torch.arange(1, BS + 1, dtype=torch.int32, device=dev),
+                                        torch.full((BS + 1,), 10 + step, dtype=torch.int32,
+                                                   device=dev), V, dev)
             o1 = ts.LogitsProcessorOutput(logits.clone())
             t1, _ = full.sample(o1, info)
             o2 = ts.LogitsProcessorOutput(logits[:, offset:offset + size].contiguous())
@@ -94,16 +100,16 @@ def _worker(rank, world, port, results):
 
     def verifier():
         b = ts.create_backend("gumbel_full", ts.SamplingBackendConfig(
-            max_bs=BS, max_draft_tokens_per_req=n, max_req_pool_size=BS, vocab_size=V, device="cpu"))
+            max_bs=BS, max_draft_tokens_per_req=n, max_req_pool_size=BS, vocab_size=V, device=dev))
         b.prepare_step([f"v{i}" for i in range(BS)], list(range(1, BS + 1)),
                        [ts.SamplingParams(seed=i, temperature=0.8, top_k=20, frequency_penalty=0.7)
                         for i in range(BS)], num_tokens_per_req=n, prompt_token_ids=[[1]] * BS)
         return b
     gen = torch.Generator().manual_seed(1)
-    logits = torch.randn(BS * n, V, generator=gen) * 3
-    info = ts.SamplingBatchInfo(torch.arange(1, BS + 1, dtype=torch.int32),
-                                torch.full((BS + 1,), 4, dtype=torch.int32), V, "cpu")
-    candidates = torch.randint(0, V, (BS, n), dtype=torch.int32, generator=gen)
+    logits = (torch.randn(BS * n, V, generator=gen) * 3).to(dev)
+    info = ts.SamplingBatchInfo(torch.arange(1, BS + 1, dtype=torch.int32, device=dev),
+                                torch.full((BS + 1,), 4, dtype=torch.int32, device=dev), V, dev)
+    candidates = torch.randint(0, V, (BS, n), dtype=torch.int32, generator=gen).to(dev)
     probe, _ = verifier().verify(ts.LogitsProcessorOutput(logits.clone()), info, candidates)
     candidates[::2, 1] = probe.view(BS, n)[::2, 0]  # even requests: first draft accepted
     full, sampler = verifier(), VocabParallelSampler(verifier(), offset, size)
@@ -117,11 +123,10 @@ def _worker(rank, world, port, results):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_vocab_parallel_equals_unsharded(world):
+def _check_equals_unsharded(world, dist_backend):
     manager = mp.Manager()
     results = manager.dict()
-    mp.spawn(_worker, args=(world, _free_port(), results), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, _free_port(), results, dist_backend), nprocs=world, join=True)
     for rank in range(world):
         for case, (full, shard, lp_err, h_full, h_shard, gathered) in results[rank].items():
             assert shard == full, f"rank {rank}, {case}"
@@ -131,3 +136,35 @@ def test_vocab_parallel_equals_unsharded(world):
         # rows need their full rows
         assert 0 < results[rank]["top_p_peaked"][5] < BS * 6 // 2
         assert results[rank]["top_p_fallback"][5] >= BS * 6 // 2
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_vocab_parallel_equals_unsharded(world):
+    _check_equals_unsharded(world, "gloo")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_vocab_parallel_equals_unsharded_over_nccl():
+    _check_equals_unsharded(2, "nccl")
+
+
+def test_vocab_parallel_benchmark_runs_on_gloo(tmp_path):
+    """bench/vocab_parallel_bench.py (run on GPUs with NCCL) also runs on gloo: it must finish
+    and find the same tokens both ways."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "vocab_parallel_bench.py"
+    out = tmp_path / "tp.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_port", str(_free_port()), str(script), "--device", "cpu", "--vocab", "2048",
+         "--bs", "1", "3", "--iters", "2", "--json", str(out)],
+        capture_output=True, text=True, env=env, timeout=300)
+    assert child.returncode == 0, child.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 8 and all(r["same_tokens"] for r in rows)
