@@ -22,14 +22,19 @@ CASES = {
     "top_k_top_p_min_p": ("gumbel_full", dict(temperature=1.0, top_k=50, top_p=0.9, min_p=0.02)),
     "top_p_fallback": ("gumbel", dict(temperature=1.0, top_p=0.7)),
     "top_p_peaked": ("gumbel", dict(temperature=0.5, top_p=0.9)),
+    "top_p_all_listed": ("gumbel", dict(temperature=1.0, top_p=0.8)),
+    "top_k_ties": ("gumbel", dict(temperature=1.0, top_k=40)),
     "penalties": ("gumbel_full", dict(temperature=0.7, top_k=30, repetition_penalty=1.4,
                                       frequency_penalty=0.5, presence_penalty=0.3,
                                       logit_bias={7: 3.0, 900: 2.0})),
 }
 
 
-SCALE = {"top_p_peaked": 12.0}    # logits spread: the rank's 33rd best is > 32 nats down
-CANDIDATES = {"top_p_fallback": 32, "top_p_peaked": 32}
+# logits spread: top_p_peaked's 33rd best on a rank is > 32 nats down; top_k_ties rounds to
+# {-2, ..., 2}, so each rank's k-th token and the row's are deep inside a tie at 1
+SCALE = {"top_p_peaked": 12.0, "top_k_ties": 0.5}
+CANDIDATES = {"top_p_fallback": 32, "top_p_peaked": 32}  # else 1024: wider than every shard
+TIES = {"top_k_ties"}
 
 
 def _free_port() -> int:
@@ -74,7 +79,8 @@ def _worker(rank, world, port, results, dist_backend):
         gen = torch.Generator().manual_seed(0)
         tokens_full, tokens_shard, lp_full, lp_shard = [], [], [], []
         for step in range(6):
-            logits = (torch.randn(BS, V, generator=gen) * SCALE.get(case, 3.0)).to(dev)
+            logits = torch.randn(BS, V, generator=gen) * SCALE.get(case, 3.0)
+            logits = (logits.round() if case in TIES else logits).to(dev)
             logits[2, 200:] = float("-inf")       # ranks past token 200 see an all -inf row
             if step == 3:
                 logits[4, [5, 800]] = float("inf")  # +inf entries on two different ranks
@@ -136,6 +142,7 @@ def _check_equals_unsharded(world, dist_backend):
         # rows need their full rows
         assert 0 < results[rank]["top_p_peaked"][5] < BS * 6 // 2
         assert results[rank]["top_p_fallback"][5] >= BS * 6 // 2
+        assert results[rank]["top_p_all_listed"][5] == 0  # every token listed: nothing gathered
 
 
 @pytest.mark.parametrize("world", [2, 3])

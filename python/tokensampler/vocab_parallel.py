@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from . import _C
 from .backends.gumbel import GumbelSamplingBackend
@@ -108,21 +109,42 @@ class VocabParallelSampler:
             full[:, offset:offset + size] = part[:, :size]
         return full
 
+    def _top_columns(self, z: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's k best tokens by (z descending, id ascending) — the kernels' order — as
+        shard columns [rows, k] in no particular order, and the best z it leaves out (-inf when
+        it leaves none). Two top-k selections and a few elementwise passes instead of a sort of
+        the shard: the first finds the k-th value, the tie rule picks which of the tokens equal
+        to it come in, the second lists exactly those k tokens."""
+        rows = z.size(0)
+        if k >= self.shard_size:
+            columns = torch.arange(self.shard_size, device=z.device).expand(rows, -1)
+            return columns, torch.full((rows,), float("-inf"), device=z.device)
+        top = torch.topk(z, k + 1, dim=1).values           # descending
+        kth, left_out = top[:, k - 1:k], top[:, k]
+        above = z > kth
+        tied = z == kth
+        need = k - above.sum(dim=1, keepdim=True)           # tied tokens to admit, lowest ids first
+        take = above | (tied & (tied.cumsum(dim=1) <= need))  # exactly k per row
+        return torch.topk(take.to(torch.float32), k, dim=1).indices, left_out
+
     def _candidate_rows(self, processed: torch.Tensor, temperature: torch.Tensor, k: int
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rows of -inf holding only every rank's top-k tokens (by z, ties to lower id); also the
-        gathered values [world, rows, k] and this rank's z sorted in rank order."""
+        gathered values [world, rows, k] and the best z this rank left out."""
         z = processed / temperature.unsqueeze(1)
-        k = min(k, self.shard_size)
-        # stable sort keeps lower ids first among equal values
-        sorted_z, order = torch.sort(z, dim=-1, descending=True, stable=True)
-        all_values = self._all_gather(processed.gather(1, order[:, :k]))
-        all_ids = self._all_gather(self._local_ids[order[:, :k]])
+        columns, left_out = self._top_columns(z, k)
+        values, ids = processed.gather(1, columns), self._local_ids[columns]
+        if columns.size(1) < k:  # a shard narrower than k: pad to the common width with -inf
+            pad = (0, k - columns.size(1))
+            values = F.pad(values, pad, value=float("-inf"))
+            ids = F.pad(ids, pad, value=self.vocab_offset)
+        all_values, all_ids = self._all_gather(values), self._all_gather(ids)
         rows = torch.full((processed.size(0), self.backend.config.vocab_size), float("-inf"),
                           device=processed.device)
         for v, i in zip(all_values, all_ids):
-            rows.scatter_(1, i.long(), v)
-        return rows, all_values, sorted_z
+            # amax: a padding entry (-inf) never overwrites the real value at its id
+            rows.scatter_reduce_(1, i.long(), v, reduce="amax")
+        return rows, all_values, left_out
 
     def _nucleus_rows(self, processed: torch.Tensor, temperature: torch.Tensor,
                       greedy: torch.Tensor) -> torch.Tensor:
@@ -134,10 +156,7 @@ class VocabParallelSampler:
         that far down, the left-out tokens change neither the total nor the cut, and the listed
         ones sample the same token.
         """
-        rows, all_values, sorted_z = self._candidate_rows(processed, temperature, self.max_candidates)
-        k = all_values.size(2)
-        left_out = (sorted_z[:, k] if k < self.shard_size
-                    else torch.full_like(sorted_z[:, 0], float("-inf")))
+        rows, all_values, left_out = self._candidate_rows(processed, temperature, self.max_candidates)
         bound = self._all_gather(left_out).amax(dim=0)  # the best z that no rank listed
         z_max = (all_values / temperature.view(1, -1, 1)).amax(dim=(0, 2))
         exact = (bound == float("-inf")) | ((z_max > bound) & (
