@@ -58,6 +58,7 @@ class VocabParallelSampler:
         self.group = group
         self.max_candidates = max_candidates
         self.last_gathered_rows = 0  # rows of the last step that needed their full logits
+        self._shards: list[tuple[int, int]] | None = None
         self._local_ids = torch.arange(vocab_offset, vocab_offset + shard_size, dtype=torch.int32,
                                        device=backend.device)
 
@@ -95,17 +96,23 @@ class VocabParallelSampler:
         score = torch.where(kept, torch.where(inf_row, noise, z + noise), float("-inf"))
         return self._best_over(score, ids)
 
+    def _shard_layout(self) -> list[tuple[int, int]]:
+        """Every rank's (vocab_offset, shard_size): gathered once, on first need."""
+        if self._shards is None:
+            mine = torch.tensor([self.vocab_offset, self.shard_size], device=self.backend.device)
+            self._shards = [tuple(s) for s in self._all_gather(mine).tolist()]
+        return self._shards
+
     def _full_rows(self, processed: torch.Tensor) -> torch.Tensor:
         """All-gather of processed rows into [rows, V] (shards may differ in size)."""
-        sizes = self._all_gather(torch.tensor([self.vocab_offset, self.shard_size],
-                                              device=processed.device))
-        width = int(sizes[:, 1].max())
+        shards = self._shard_layout()
+        width = max(size for _, size in shards)
         padded = torch.full((processed.size(0), width), float("-inf"), device=processed.device)
         padded[:, :self.shard_size] = processed
         gathered = self._all_gather(padded)
         full = torch.full((processed.size(0), self.backend.config.vocab_size), float("-inf"),
                           device=processed.device)
-        for (offset, size), part in zip(sizes.tolist(), gathered):
+        for (offset, size), part in zip(shards, gathered):
             full[:, offset:offset + size] = part[:, :size]
         return full
 
