@@ -4,7 +4,9 @@ For every route × batch size × dtype it times one sampling step with CUDA-grap
 over many replays; each graph samples K different logits buffers in turn so they are not served
 from L2) and prints our time, FlashInfer's fastest call with the same semantics, the same step
 through the `flashinfer` / `flashinfer_full` adapter backends (column FI-api), the torch
-reference, the HBM floor (logits bytes / measured copy bandwidth) and the ratios.
+reference, the HBM floor (logits bytes / measured copy bandwidth) and the ratios. Every
+measurement sits in an NVTX range ("tokensampler top_p bs=128 fp32", "flashinfer ... ") so a
+trace of the whole run reads by name.
 
     python bench/benchmark.py [--bs 1 8 32 128 512] [--dtypes fp32 bf16] [--json f] [--plot f.png]
 """
@@ -82,8 +84,15 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 4 / statistics.median(times)
 
 
-def graph_time_us(step, buffers, replays=50) -> float:
-    """Median time of `step(buffer)` per buffer, from CUDA-graph replays over all buffers."""
+def graph_time_us(step, buffers, label: str, replays=50) -> float:
+    """Median time of `step(buffer)` per buffer, from CUDA-graph replays over all buffers.
+    The capture and the replays sit in NVTX ranges named `label` (a graph's replay is one launch
+    in a trace, so the range is what names it)."""
+    with torch.cuda.nvtx.range(label):
+        return _graph_time_us(step, buffers, replays)
+
+
+def _graph_time_us(step, buffers, replays) -> float:
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -193,14 +202,15 @@ def run(bs_list, dtypes, routes, bandwidth) -> list[Row]:
                 buffers = logits_buffers(rows, dtype)
                 floor = buffers[0].numel() * buffers[0].element_size() / bandwidth * 1e6
                 row = Row(route_name, bs, dtype_name, rows, floor)
+                label = f"{route_name} bs={bs} {dtype_name}"
                 try:
-                    row.ours_us = graph_time_us(ours_step(route, bs), buffers)
+                    row.ours_us = graph_time_us(ours_step(route, bs), buffers, f"tokensampler {label}")
                 except Exception as exc:  # noqa: BLE001 - record and go on
                     row.notes.append(f"ours failed: {exc!r}"[:200])
                 best = None
                 for name, step in flashinfer_steps(route_name, rows).items():
                     try:
-                        t = graph_time_us(step, buffers)
+                        t = graph_time_us(step, buffers, f"flashinfer {name} {label}")
                     except Exception as exc:  # noqa: BLE001
                         row.notes.append(f"flashinfer {name} failed: {exc!r}"[:200])
                         continue
@@ -212,11 +222,13 @@ def run(bs_list, dtypes, routes, bandwidth) -> list[Row]:
                 adapter = route.backend.replace("gumbel", "flashinfer")
                 if adapter in ts.available_backends():
                     try:
-                        row.adapter_us = graph_time_us(ours_step(route, bs, adapter), buffers)
+                        row.adapter_us = graph_time_us(ours_step(route, bs, adapter), buffers,
+                                                       f"{adapter} backend {label}")
                     except Exception as exc:  # noqa: BLE001
                         row.notes.append(f"{adapter} backend failed: {exc!r}"[:200])
                 if route_name in ("top_k_top_p",) and dtype_name == "fp32":
-                    row.torch_us = graph_time_us(torch_reference_step(route, rows), buffers[:4])
+                    row.torch_us = graph_time_us(torch_reference_step(route, rows), buffers[:4],
+                                                 f"torch reference {label}")
                 results.append(row)
                 print(format_row(row), flush=True)
                 del buffers
