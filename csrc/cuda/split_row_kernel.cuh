@@ -651,7 +651,7 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
     // The chunk buffer (top-k steps) becomes the merge buffer; top-p masses live behind it.
     const FinishSmem sm{buf, reinterpret_cast<float*>(buf + kMergeCap), scratch, red_m, red_s,
                         red_count, &keep_count, &compact_counter};
-    finish_row<kChunkThreads>(logits, a, r, p, sm);
+    finish_row<kChunkThreads>(logits, a, r, row_params(a, r), sm);  // reloaded: fewer live registers
   }
 }
 
