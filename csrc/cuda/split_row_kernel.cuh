@@ -87,6 +87,40 @@ __device__ __forceinline__ Candidate block_best(Candidate c, Candidate* scratch)
   return warp_best(c);
 }
 
+// The exact per-block / per-row partials every split-row kernel merges: three (value, id) maxima
+// (a total order, so any merge order gives the same result) and two integer counts.
+struct Partial {
+  Candidate argmax;    // of the processed logits (greedy rows)
+  Candidate best;      // best z + G over finite tokens (no-filter rows)
+  Candidate inf_best;  // best G over +inf tokens
+  int32_t inf_count;
+  int32_t kept;        // top-k candidates
+};
+
+__device__ __forceinline__ Partial warp_partial(Partial v) {
+  v.argmax = warp_best(v.argmax);
+  v.best = warp_best(v.best);
+  v.inf_best = warp_best(v.inf_best);
+  v.inf_count = __reduce_add_sync(0xffffffffu, v.inf_count);
+  v.kept = __reduce_add_sync(0xffffffffu, v.kept);
+  return v;
+}
+
+// Block-wide merge of the partials in one exchange (two barriers, instead of two per maximum and
+// one per count); every thread gets it. `scratch` holds one Partial per warp.
+template <int kThreads>
+__device__ __forceinline__ Partial block_partial(Partial v, Partial* scratch) {
+  static_assert(kThreads / 32 <= 32);
+  v = warp_partial(v);
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();  // earlier readers of scratch are done
+  if (lane == 0) scratch[w] = v;
+  __syncthreads();
+  const Candidate hole{kNegInf, kNoId};
+  v = lane < kThreads / 32 ? scratch[lane] : Partial{hole, hole, hole, 0, 0};
+  return warp_partial(v);
+}
+
 // Online (max, sum exp(x - max)) of finite values.
 __device__ __forceinline__ void merge_lse(float& m, float& s, float m2, float s2) {
   if (m2 == kNegInf) return;
@@ -386,6 +420,7 @@ struct FinishSmem {
   Candidate* buf;       // kMergeCap entries (top-k steps only)
   float* mass;          // kSplitMaxTopK floats (top-k steps only)
   Candidate* scratch;   // kThreads / 32
+  Partial* partials;    // kThreads / 32
   float* red_m;         // kThreads / 32
   float* red_s;         // kThreads / 32
   int32_t* red_count;   // 2 * kThreads / 32
@@ -413,12 +448,12 @@ __device__ __forceinline__ void finish_row(const T* __restrict__ logits, const A
     inf_count += c.inf_count;
     kept += c.kept;
   }
-  argmax = block_best<kThreads>(argmax, sm.scratch);
-  best = block_best<kThreads>(best, sm.scratch);
-  inf_best = block_best<kThreads>(inf_best, sm.scratch);
-  int parity = 0;
-  inf_count = block_count<kThreads>(inf_count, sm.red_count, parity);
-  const int total = block_count<kThreads>(kept, sm.red_count, parity);
+  const Partial row = block_partial<kThreads>(Partial{argmax, best, inf_best, inf_count, kept}, sm.partials);
+  argmax = row.argmax;
+  best = row.best;
+  inf_best = row.inf_best;
+  inf_count = row.inf_count;
+  const int total = row.kept;
   if (a.want_raw) block_merge_lse<kThreads>(raw_m, raw_s, sm.red_m, sm.red_s);
 
   const bool invalid = argmax.z == kNegInf;
@@ -467,8 +502,8 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
   // Dynamic shared memory: [penalty bitmap, if penalties][candidate buffer, if top-k rows].
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   __shared__ Candidate scratch[kChunkThreads / 32];
+  __shared__ Partial partials[kChunkThreads / 32];
   __shared__ float red_m[kChunkThreads / 32], red_s[kChunkThreads / 32];
-  __shared__ int32_t red_n[kChunkThreads / 32];
   __shared__ int32_t red_count[2 * kChunkThreads / 32];
   __shared__ int32_t buf_count, compact_counter, keep_count;
   __shared__ float threshold;
@@ -594,16 +629,12 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
   }
 
   // Block reductions of the per-thread results.
-  argmax = block_best<kChunkThreads>(argmax, scratch);
-  best = block_best<kChunkThreads>(best, scratch);
-  inf_best = block_best<kChunkThreads>(inf_best, scratch);
+  const Partial chunk = block_partial<kChunkThreads>(Partial{argmax, best, inf_best, inf_count, 0}, partials);
   warp_merge_lse(raw_m, raw_s);
-  inf_count = __reduce_add_sync(0xffffffffu, inf_count);
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (lane == 0) {
     red_m[w] = raw_m;
     red_s[w] = raw_s;
-    red_n[w] = inf_count;
   }
   if (top_k_rows) {  // exactly the chunk's k best, in no particular order
     const int held = buf_count;
@@ -617,17 +648,13 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
   __syncthreads();
   if (threadIdx.x == 0) {
     float m = kNegInf, s = 0.0f;
-    int32_t n = 0;
-    for (int j = 0; j < kChunkThreads / 32; ++j) {
-      merge_lse(m, s, red_m[j], red_s[j]);
-      n += red_n[j];
-    }
-    out->argmax = argmax;
-    out->best = best;
-    out->inf_best = inf_best;
+    for (int j = 0; j < kChunkThreads / 32; ++j) merge_lse(m, s, red_m[j], red_s[j]);
+    out->argmax = chunk.argmax;
+    out->best = chunk.best;
+    out->inf_best = chunk.inf_best;
     out->raw_max = m;
     out->raw_sum = s;
-    out->inf_count = n;
+    out->inf_count = chunk.inf_count;
     if (!top_k_rows) out->kept = 0;
   }
   if constexpr (kFused) {
@@ -649,8 +676,8 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
     if (!finishes_row) return;
     __threadfence();
     // The chunk buffer (top-k steps) becomes the merge buffer; top-p masses live behind it.
-    const FinishSmem sm{buf, reinterpret_cast<float*>(buf + kMergeCap), scratch, red_m, red_s,
-                        red_count, &keep_count, &compact_counter};
+    const FinishSmem sm{buf, reinterpret_cast<float*>(buf + kMergeCap), scratch, partials,
+                        red_m, red_s, red_count, &keep_count, &compact_counter};
     finish_row<kChunkThreads>(logits, a, r, row_params(a, r), sm);  // reloaded: fewer live registers
   }
 }
@@ -660,6 +687,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
   __shared__ Candidate buf[kMergeCap];
   __shared__ float mass[kSplitMaxTopK];
   __shared__ Candidate scratch[kFinishThreads / 32];
+  __shared__ Partial partials[kFinishThreads / 32];
   __shared__ float red_m[kFinishThreads / 32], red_s[kFinishThreads / 32];
   __shared__ int32_t red_count[2 * kFinishThreads / 32];
   __shared__ int32_t keep_count, counter;
@@ -674,7 +702,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
     }
     return;
   }
-  const FinishSmem sm{buf, mass, scratch, red_m, red_s, red_count, &keep_count, &counter};
+  const FinishSmem sm{buf, mass, scratch, partials, red_m, red_s, red_count, &keep_count, &counter};
   finish_row<kFinishThreads>(logits, a, r, p, sm);
 }
 
