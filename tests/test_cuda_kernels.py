@@ -378,7 +378,7 @@ def test_backend_workspace_serves_every_step():
     table = mgr.table.cuda()
     rows = logits.size(0)
     outs = []
-    for workspace in (None, torch.empty(_C.sample_rows_workspace_bytes(rows), dtype=torch.uint8,
+    for workspace in (None, torch.zeros(_C.sample_rows_workspace_bytes(rows), dtype=torch.uint8,
                                         device="cuda")):
         o = _outs(rows, 0)[:3]
         OPS.sample_rows(logits, slots, lengths, table, mgr.history_capacity, mgr.bias_capacity,
