@@ -518,10 +518,8 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
   const RowParams p = row_params(a, r);
   ChunkResult* out = a.results + blockIdx.x;
   if (!p.valid_slot) {  // the finishing code flags the row without reading chunks
-    if (kFused && split == 0 && threadIdx.x == 0) {
-      a.out_tokens[r] = 0;
-      a.out_invalid[r] = true;
-    }
+    if (kFused && split == 0)
+      write_unreadable_row(r, a.out_tokens, a.out_invalid, a.out_logprobs, nullptr, nullptr, 0);
     return;  // the whole block; this row's ticket is never taken
   }
   const T* row = logits + r * a.row_stride;
