@@ -147,16 +147,18 @@ __device__ __forceinline__ int compact_candidates(Candidate* buf, int n, Keep ke
 
 // Keeps the exact top-k of buf[0, n) and moves them to buf[0, k) (in no particular order).
 // Returns the new count, min(k, real candidates) when `real` is that count. Syncs.
-// Work saving (same cut, so the same tokens): when k <= kThreads and n is large, the candidates
-// below the k-th largest of the threads' maxima (a lower bound of the k-th key) are dropped
-// first; a set of at most kWarpSelectMax is then cut by warp 0 alone, without a block barrier per
-// bisection step.
-template <int kThreads, int kPerThread>
+// kNarrowCut (same cut, so the same tokens; for a row's one finishing block, where the cut is
+// serial work): when k <= kThreads and n is large, the candidates below the k-th largest of the
+// threads' maxima (a lower bound of the k-th key) are dropped first; a set of at most
+// kWarpSelectMax is then cut by warp 0 alone, without a block barrier per bisection step. The
+// chunk kernels keep the block-wide cut: with many blocks per SM it measured faster at 128 rows
+// (bench/RESULTS.md, 2026-12-04).
+template <int kThreads, int kPerThread, bool kNarrowCut = false>
 __device__ __noinline__ int keep_top_k(Candidate* buf, int n, int k, int real, int32_t* red, int32_t* counter) {
   if (real == 0) return 0;
   if (real <= k && real == n) return n;
   k = min(k, real);
-  if (k <= kThreads && n > kWarpSelectMax) {
+  if (kNarrowCut && k <= kThreads && n > kWarpSelectMax) {
     uint32_t thread_max = 0;
     for (int e = threadIdx.x; e < n; e += kThreads) thread_max = max(thread_max, slot_key(buf[e]));
     const uint32_t low = kth_key_lower_bound<kThreads>(thread_max, k);
@@ -167,7 +169,7 @@ __device__ __noinline__ int keep_top_k(Candidate* buf, int n, int k, int real, i
     }
   }
   Cut cut{0u, 0};
-  if (n <= kWarpSelectMax) {
+  if (kNarrowCut && n <= kWarpSelectMax) {
     if (threadIdx.x < 32) cut = select_cut<32>(buf, n, k, red);  // red unused by one warp
     __syncthreads();  // every earlier read of red and of `counter` done
     if (threadIdx.x == 0) {

@@ -472,7 +472,7 @@ __device__ __forceinline__ void finish_row(const T* __restrict__ logits, const A
     const Candidate* src = a.chunk_candidates + r * slots;
     for (int e = threadIdx.x; e < slots; e += kThreads) sm.buf[e] = load_candidate(src + e);
     __syncthreads();
-    const int m = keep_top_k<kThreads, kMergeCap / kThreads>(sm.buf, slots, p.top_k, total,
+    const int m = keep_top_k<kThreads, kMergeCap / kThreads, true>(sm.buf, slots, p.top_k, total,
                                                             sm.red_count, sm.counter);
     Candidate top{kNegInf, kNoId};
     for (int e = threadIdx.x; e < m; e += kThreads) top = best_of(top, sm.buf[e]);

@@ -11,7 +11,7 @@ namespace tokensampler::cuda::split_row {
 // Steps of at most this many rows run as one kernel (chunk_kernel<T, true>); larger ones as the
 // chunk kernel then the finish kernel. TOKENSAMPLER_SPLIT_ROW_FUSED_ROWS overrides it (tests
 // and benchmarks run both launches at the same shapes; 0: always two kernels).
-constexpr int64_t kFusedMaxRows = 64;
+constexpr int64_t kFusedMaxRows = 4;  // A/B on the H200 (RESULTS.md): two kernels win from 8 rows
 
 static int64_t fused_max_rows() {
   const char* v = std::getenv("TOKENSAMPLER_SPLIT_ROW_FUSED_ROWS");
