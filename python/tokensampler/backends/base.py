@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ..batch import LogitsProcessorOutput, SamplingBatchInfo
+from ..build import check_device_supported
 from ..config import SamplingBackendConfig
 from ..graphs import CUDA_GRAPH_VARIANT_DEFAULT
 from ..params import SamplingParams
@@ -35,6 +36,8 @@ class SamplingBackend(ABC):
         if device.type == "cuda" and device.index is None:
             # "cuda" means the current device; compare against tensors' explicit "cuda:N".
             device = torch.device("cuda", torch.cuda.current_device())
+        # A GPU the build has no code for fails here, not at the first kernel launch.
+        check_device_supported(device)
         self.device = device
         rows = config.max_bs * config.max_draft_tokens_per_req
         # Row 0 of `_packed` holds output tokens, row 1 accept lengths: one D2H copy moves both.
