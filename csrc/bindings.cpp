@@ -141,5 +141,9 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("bias_tokens_col",
                              [](const SlotStateManager& s) { return s.layout().bias_tokens_col(); })
       .def_property_readonly("bias_values_col",
-                             [](const SlotStateManager& s) { return s.layout().bias_values_col(); });
+                             [](const SlotStateManager& s) { return s.layout().bias_values_col(); })
+      .def_property_readonly("prompt_mask_col",
+                             [](const SlotStateManager& s) { return s.layout().prompt_mask_col(); })
+      .def_property_readonly("prompt_mask_words",
+                             [](const SlotStateManager& s) { return s.layout().prompt_mask_words; });
 }

@@ -94,6 +94,7 @@ def test_backend_construction_checks_the_gpu(monkeypatch):
                 "NVIDIA B200", (10, 0), dict(RELEASE, cuda_archs=["sm_90"], cuda_ptx=[])))
 
     monkeypatch.setattr(base, "check_device_supported", fake_check)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cfg = ts.SamplingBackendConfig(max_bs=2, max_draft_tokens_per_req=1, max_req_pool_size=4,
                                    vocab_size=16, device="cuda:0")
     with pytest.raises(ValueError, match=r"NVIDIA B200 \(sm_100\).*compiled for sm_90"):

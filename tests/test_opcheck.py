@@ -179,7 +179,8 @@ def _bad_variants():
         torch.cat([r[6], r[6]])] + r[7:]
     yield "verify_rejection", "route out of range", r[:9] + [-1] + r[10:]
     h = list(next(append_history_cases("cpu")))
-    yield "append_history", "table width", [h[0][:, :-1].contiguous()] + h[1:]
+    narrow = _C.SLOT_COLUMNS["history_len"] + 1  # narrower than the scalars alone
+    yield "append_history", "table width", [h[0][:, :narrow].contiguous()] + h[1:]
     yield "append_history", "short tokens", h[:4] + [h[4][:5]] + h[5:]
     yield "append_history", "tokens_per_req 0", h[:6] + [0]
     p = list(next(penalize_logits_cases("cpu")))

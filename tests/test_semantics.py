@@ -109,7 +109,7 @@ def decode_then_verify(params, n=4, V=80, penalties_prompt=None):
     spec.prepare_step(["a"], [1], [ts.SamplingParams(seed=5, **params)], num_tokens_per_req=n,
                       prompt_token_ids=[penalties_prompt])
     candidates = torch.tensor([[42] + decoded[:-1]], dtype=torch.int32)
-    predict, accept = spec.verify(ts.LogitsProcessorOutput(L), info([1], [t0]), candidates)
+    predict, accept = spec.verify(ts.LogitsProcessorOutput(L), info([1], [t0], V=V), candidates)
     return decoded, predict.tolist(), int(accept[0]), plain, spec
 
 
@@ -138,7 +138,7 @@ def test_verify_rows_see_earlier_drafts_in_their_penalties():
     spec = make(V=V)
     spec.prepare_step(["a"], [1], [params], num_tokens_per_req=n)
     candidates = torch.tensor([[0] + decoded[:-1]], dtype=torch.int32)
-    predict, accept = spec.verify(ts.LogitsProcessorOutput(logits), info([1], [0]), candidates)
+    predict, accept = spec.verify(ts.LogitsProcessorOutput(logits), info([1], [0], V=V), candidates)
     assert int(accept[0]) == n and predict.tolist() == decoded
 
 
@@ -151,7 +151,7 @@ def test_verify_rejects_at_first_mismatch():
     spec.prepare_step(["a"], [1], [ts.SamplingParams(seed=5)], num_tokens_per_req=n)
     wrong = (decoded[1] + 1) % V
     candidates = torch.tensor([[42, decoded[0], wrong, decoded[2]]], dtype=torch.int32)
-    predict, accept = spec.verify(ts.LogitsProcessorOutput(L), info([1], [10]), candidates)
+    predict, accept = spec.verify(ts.LogitsProcessorOutput(L), info([1], [10], V=V), candidates)
     assert int(accept[0]) == 2
     assert predict.tolist()[:2] == decoded[:2]  # accepted draft, then the target's own token
 

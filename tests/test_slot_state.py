@@ -28,8 +28,10 @@ def test_greedy_has_no_pool_state():
     b = ts.create_backend("greedy", make_config())
     assert not b._HAS_POOL_STATE
     assert not hasattr(b, "slots")
-    # short-circuits: even nonsensical inputs are ignored
-    b.prepare_step(["a", "b"], [999, -1], [sp(), sp()])
+    b.prepare_step(["a", "b"], [1, 2], [sp(), sp(temperature=0.5)])
+    # no state, but the same validation as every backend
+    with pytest.raises(ValueError, match=r"request_pool_indices\[0\]=999"):
+        b.prepare_step(["a", "b"], [999, -1], [sp(), sp()])
 
 
 def test_first_admission_flips_and_scatters(backend):
@@ -75,14 +77,14 @@ def test_steady_requests_reuse_their_conversion_new_objects_are_read(backend):
     a, b = sp(temperature=0.7, top_k=40), sp(temperature=0.7, top_k=300)
     backend.prepare_step(["a", "b"], [1, 2], [a, b])
     assert backend.step_max_top_k == 300
-    converted = dict(backend._admitted)
+    converted = dict(backend._converted)
     backend.prepare_step(["a", "b"], [1, 2], [a, b])
-    assert all(backend._admitted[r] is converted[r] for r in "ab")
+    assert all(backend._converted[r] is converted[r] for r in "ab")
     backend.prepare_step(["a"], [1], [a])
     assert backend.step_max_top_k == 40
     with pytest.raises(ValueError, match="temperature"):
         backend.prepare_step(["a"], [1], [sp(temperature=-1.0)])
-    assert backend._admitted["a"].source is a  # a refused step changes nothing
+    assert backend._converted["a"].source is a  # a refused step changes nothing
     # a new object for a request that keeps its slot: validated, but the slot and the route
     # keep the parameters of the flip (changing them mid-request is outside the contract)
     backend.prepare_step(["a"], [1], [sp(temperature=0.0)])
@@ -185,11 +187,22 @@ def test_invalid_params_in_one_request_leave_others_untouched(backend):
     assert torch.equal(backend.slots.table, before)
 
 
-def test_prompt_longer_than_history_capacity_raises(full):
+def test_prompt_beyond_history_capacity_is_kept_in_the_prompt_mask(full):
+    """Prompt tokens live in a V-bit mask, not in the output history: a prompt with more
+    distinct tokens than penalty_history_capacity is accepted and every token is penalised."""
     small = ts.create_backend("gumbel_full", make_config(penalty_history_capacity=4))
-    with pytest.raises(ValueError, match="penalty_history_capacity"):
-        small.prepare_step(["a"], [1], [sp(repetition_penalty=1.2)],
-                           prompt_token_ids=[list(range(10))])
+    prompt = list(range(0, VOCAB, 3))  # 342 distinct tokens, capacity 4
+    small.prepare_step(["a"], [1], [sp(repetition_penalty=1.2)], prompt_token_ids=[prompt])
+    assert small.penalty_history(1) == {t: 0 for t in prompt}
+    assert small.slots.prompt_mask_words == (VOCAB + 31) // 32
+    # greedy: every prompt token's positive logit is divided by 1.2, so token 1 (not in the
+    # prompt, logit 5.5) beats token 3 * 300 (prompt, logit 6 -> 5)
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 900], logits[0, 1] = 6.0, 5.5
+    small.prepare_step(["b"], [2], [sp(temperature=0.0, repetition_penalty=1.2)],
+                       prompt_token_ids=[prompt])
+    tokens, _, _ = sample_once(small, logits, [2])
+    assert tokens.tolist() == [1]
 
 
 ROUTE_CASES = [
@@ -212,8 +225,8 @@ def test_route_selection(backend, params, route):
 
 def test_min_p_routes_only_in_full_backend(full):
     plain = ts.create_backend("gumbel", make_config())
-    plain.prepare_step(["a"], [1], [sp(min_p=0.2)])
-    assert plain.route == "no_filter"  # the plain backend ignores min-p
+    with pytest.raises(ValueError, match="min_p=0.2.*gumbel_full"):  # it cannot honour min-p
+        plain.prepare_step(["a"], [1], [sp(min_p=0.2)])
     full.prepare_step(["a"], [1], [sp(min_p=0.2)])
     assert full.route == "min_p"
     full.prepare_step(["b"], [1], [sp(top_k=64, top_p=0.9, min_p=0.05)])  # a flip

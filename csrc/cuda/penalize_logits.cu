@@ -24,7 +24,7 @@ void penalize_logits(const at::Tensor& logits, const at::Tensor& req_pool_indice
   const c10::cuda::CUDAGuard guard(logits.device());
   out.copy_(logits);
   out.nan_to_num_(-INFINITY, INFINITY, -INFINITY);  // §3.1, ±inf kept
-  const SlotLayout layout{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity)};
+  const SlotLayout layout = slot_layout_of(slot_table, history_capacity, bias_capacity);
   penalize_rows_kernel<<<rows, 256, 0, at::cuda::getCurrentCUDAStream()>>>(
       out.data_ptr<float>(), static_cast<int32_t>(logits.size(1)),
       req_pool_indices.data_ptr<int32_t>(), slot_table.data_ptr<int32_t>(), slot_table.size(0),

@@ -1,6 +1,6 @@
 // Penalties and bias of one row on the device (DESIGN §3.2–3.4), shared by the generic and the
-// split-row sampling kernels. Only tokens in the slot's history, its bias list or this row's
-// earlier drafts change; a bitmap in shared memory (bit = (token - base) mod 2^16) rejects every
+// split-row sampling kernels. Only tokens in the slot's prompt mask or output history, its bias
+// list or this row's earlier drafts change; a bitmap in shared memory (bit = (token - base) mod 2^16) rejects every
 // other token with one load, and a marked token is found by binary search in the slot's sorted
 // history / bias lists.
 #pragma once
@@ -42,6 +42,14 @@ __device__ void mark_penalized_tokens(const PenaltySource& src, int32_t base, in
   for (int32_t k = threadIdx.x; k < hl; k += kThreads) mark(src.slot.history_tokens()[k]);
   for (int32_t k = threadIdx.x; k < bl; k += kThreads) mark(src.slot.bias_tokens()[k]);
   for (int32_t k = threadIdx.x; k < src.num_drafts; k += kThreads) mark(src.drafts[k]);
+  // Prompt tokens in [base, end): the mask's words there, one bit at a time (only slots with a
+  // repetition penalty have bits set; the loads are V / 32 words at most).
+  const int32_t words = src.slot.layout.prompt_mask_words;
+  const int64_t mask_end = ::min(static_cast<int64_t>(end), static_cast<int64_t>(words) * 32);
+  const int32_t w_end = static_cast<int32_t>((mask_end + 31) >> 5);
+  for (int32_t w = (base >> 5) + threadIdx.x; w < w_end; w += kThreads)
+    for (uint32_t bits = src.slot.prompt_mask()[w]; bits != 0u; bits &= bits - 1u)
+      mark(32 * w + __ffs(static_cast<int>(bits)) - 1);
   __syncthreads();
 }
 
@@ -74,7 +82,7 @@ inline __device__ __noinline__ float penalize_token(const PenaltySource& src, in
   const int32_t hl = min(max(s.history_len(), 0), s.layout.history_capacity);
   const int32_t bl = min(max(s.bias_len(), 0), s.layout.bias_capacity);
   const int32_t h = find_sorted(s.history_tokens(), hl, i);
-  bool in_history = h >= 0;
+  bool in_history = h >= 0 || s.in_prompt(i);
   int32_t count = in_history ? s.history_counts()[h] : 0;
   for (int32_t k = 0; k < src.num_drafts; ++k) {
     if (src.drafts[k] == i) {

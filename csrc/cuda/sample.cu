@@ -40,11 +40,9 @@ __global__ void __launch_bounds__(kSampleThreads)
   const int64_t r = blockIdx.x;
   const int64_t b = r / a.tokens_per_req, j = r % a.tokens_per_req;
   const int32_t slot = a.req_pool_indices[b];
-  if (slot < 0 || slot >= a.pool_rows) {  // untrusted index: flag the row, touch nothing
-    if (threadIdx.x == 0) {
-      a.out_tokens[r] = 0;
-      a.out_invalid[r] = true;
-    }
+  if (slot < 0 || slot >= a.pool_rows) {  // untrusted index: flag the row, read nothing
+    write_unreadable_row(r, a.out_tokens, a.out_invalid, a.out_logprobs, a.out_top_values,
+                         a.out_top_ids, a.top_n);
     return;
   }
   const T* x = logits + r * a.row_stride;
@@ -124,7 +122,7 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
   const int64_t top_n = out_top_values ? out_top_values->size(1) : 0;
   if (rows == 0) return;
   const c10::cuda::CUDAGuard guard(logits.device());
-  const SlotLayout layout{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity)};
+  const SlotLayout layout = slot_layout_of(slot_table, history_capacity, bias_capacity);
   const SampleRowsCall call{logits, req_pool_indices, valid_cache_lengths, slot_table, layout,
                             tokens_per_req, candidates, apply_penalties, logprobs_mode,
                             static_cast<Route>(route), max_top_k,

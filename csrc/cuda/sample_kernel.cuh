@@ -16,6 +16,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "penalty_lookup.cuh"
+#include "row_outputs.cuh"
 #include "tokensampler/rng.h"
 #include "tokensampler/row_rules.h"
 #include "tokensampler/slot_layout.h"
@@ -564,8 +565,9 @@ __device__ int32_t planned_token(const T* x, const RowInput& row, const RowPlan&
 __device__ __forceinline__ float raw_logprob_of(const RowPlan& p, float raw_value) {
   if (p.raw_inf > 0) return raw_value == INFINITY ? -logf(static_cast<float>(p.raw_inf)) : kNegInf;
   if (p.raw_max == kNegInf) return kNegInf;
-  const double lse = static_cast<double>(p.raw_max) + log(static_cast<double>(p.raw_sum));
-  return static_cast<float>(static_cast<double>(raw_value) - lse);
+  // (x - max) - log(sum), not x - (max + log(sum)): the latter loses log(sum) next to a huge max
+  return static_cast<float>((static_cast<double>(raw_value) - p.raw_max) -
+                            log(static_cast<double>(p.raw_sum)));
 }
 
 }  // namespace tokensampler::cuda

@@ -25,6 +25,7 @@
 
 #include "block_select.cuh"
 #include "penalty_lookup.cuh"
+#include "row_outputs.cuh"
 #include "tokensampler/rng.h"
 #include "tokensampler/row_rules.h"
 #include "tokensampler/slot_layout.h"
@@ -517,10 +518,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
   const int64_t r = blockIdx.x;
   const RowParams p = row_params(a, r);
   if (!p.valid_slot) {
-    if (threadIdx.x == 0) {
-      a.out_tokens[r] = 0;
-      a.out_invalid[r] = true;
-    }
+    write_unreadable_row(r, a.out_tokens, a.out_invalid, a.out_logprobs, nullptr, nullptr, 0);
     return;
   }
   // One chunk per thread, then block reductions.

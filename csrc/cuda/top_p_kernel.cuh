@@ -404,10 +404,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
   const int64_t r = blockIdx.x;
   const RowParams p = split_row::row_params(a, r);
   if (!p.valid_slot) {
-    if (threadIdx.x == 0) {
-      a.out_tokens[r] = 0;
-      a.out_invalid[r] = true;
-    }
+    write_unreadable_row(r, a.out_tokens, a.out_invalid, a.out_logprobs, nullptr, nullptr, 0);
     return;
   }
   const T* x = logits + r * a.row_stride;

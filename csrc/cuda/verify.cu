@@ -114,7 +114,7 @@ void append_history(at::Tensor& slot_table, int64_t history_capacity, int64_t bi
   constexpr int kThreads = 128;  // four requests per block
   append_history_kernel<<<(bs * 32 + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
       slot_table.data_ptr<int32_t>(),
-      SlotLayout{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity)},
+      slot_layout_of(slot_table, history_capacity, bias_capacity),
       slot_table.size(0), req_pool_indices.data_ptr<int32_t>(), tokens.data_ptr<int32_t>(),
       accept_length.data_ptr<int32_t>(), bs, static_cast<int32_t>(tokens_per_req));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -166,12 +166,19 @@ __global__ void __launch_bounds__(kSampleThreads)
     const T* x = logits + (b * n + j) * a.row_stride;
     const RowInput row = make_row(words, a.layout, t + j, cand + 1, j, V, a.apply_penalties);
     const RowPlan p = plan_row(x, row, sm, false);
+    // The row's own §3 sample (block-uniform: every thread takes the same branches).
+    auto target_token = [&]() -> int32_t {
+      if (p.kind == kRowGreedy) return p.best;
+      if (p.kind == kRowFilter && p.fused) return p.fused_token;
+      if (p.kind == kRowInvalid) return 0;
+      return kept_sample(x, row, p, sm, false, nullptr).i;
+    };
     if (threadIdx.x == 0) invalid[j] = p.kind == kRowInvalid;
-    if (j == n - 1 || p.kind == kRowInvalid) {
-      int32_t token = 0;
-      if (p.kind == kRowGreedy) token = p.best;
-      else if (p.kind == kRowFilter && p.fused) token = p.fused_token;
-      else if (p.kind != kRowInvalid) token = kept_sample(x, row, p, sm, false, nullptr).i;
+    const int32_t draft = j + 1 < n ? cand[j + 1] : -1;
+    // The bonus row, a row with nothing to compare against, or a draft that is not a token
+    // (rejected, read through nowhere): the row's token is its target sample.
+    if (j == n - 1 || p.kind == kRowInvalid || draft < 0 || draft >= V) {
+      const int32_t token = target_token();
       if (threadIdx.x == 0) predict[j] = token;
       break;
     }
@@ -179,19 +186,15 @@ __global__ void __launch_bounds__(kSampleThreads)
     q.fused = false;  // the kept mass needs its own pass
     double total = 0.0;
     kept_sample(x, row, q, sm, true, &total);
-    const int32_t draft = cand[j + 1];
     const float* qrow = a.draft_probs + (b * (n - 1) + j) * static_cast<int64_t>(V);
     __syncthreads();
     if (threadIdx.x == 0) {
       double p_draft = 0.0;
-      float q_draft = 0.0f;
-      if (draft >= 0 && draft < V) {
-        q_draft = qrow[draft];
-        float z;
-        const float l = q.kind == kRowGreedy ? 0.0f : load_processed(x, row, sm, draft);
-        if (kept_z(q, row, draft, l, z))
-          p_draft = exp(static_cast<double>(z) - static_cast<double>(q.z_max)) / total;
-      }
+      const float q_draft = draft_probability(qrow[draft]);
+      float z;
+      const float l = q.kind == kRowGreedy ? 0.0f : load_processed(x, row, sm, draft);
+      if (kept_z(q, row, draft, l, z))
+        p_draft = exp(static_cast<double>(z) - static_cast<double>(q.z_max)) / total;
       const double coin = uniform_coin(row.seed, t + j, kStreamAcceptCoin);
       decision = coin * static_cast<double>(q_draft) < p_draft ? 1 : 0;
       if (decision) predict[j] = draft;
@@ -205,19 +208,14 @@ __global__ void __launch_bounds__(kSampleThreads)
       const float l = q.kind == kRowGreedy ? 0.0f : load_processed(x, row, sm, i);
       if (!kept_z(q, row, i, l, z)) continue;
       const double pi = exp(static_cast<double>(z) - static_cast<double>(q.z_max)) / total;
-      const double residual = pi - static_cast<double>(qrow[i]);
+      const double residual = pi - static_cast<double>(draft_probability(qrow[i]));
       if (!(residual > 0.0)) continue;
       const float score =
           f_add(static_cast<float>(log(residual)), gumbel_noise(row.seed, t + j, i, kStreamResidual));
       best = better(best, Best{score, i});
     }
     best = block_best(best, sm);
-    int32_t token = best.i;
-    if (token >= V) {
-      if (p.kind == kRowGreedy) token = p.best;
-      else if (p.kind == kRowFilter && p.fused) token = p.fused_token;
-      else token = kept_sample(x, row, p, sm, false, nullptr).i;
-    }
+    const int32_t token = best.i < V ? best.i : target_token();
     if (threadIdx.x == 0) predict[j] = token;
     break;
   }
@@ -253,7 +251,7 @@ void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indic
   a.valid_cache_lengths = valid_cache_lengths.data_ptr<int32_t>();
   a.slot_table = slot_table.data_ptr<int32_t>();
   a.pool_rows = slot_table.size(0);
-  a.layout = SlotLayout{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity)};
+  a.layout = slot_layout_of(slot_table, history_capacity, bias_capacity);
   a.n = static_cast<int32_t>(n);
   a.candidates = candidates.data_ptr<int32_t>();
   a.draft_probs = q.data_ptr<float>();

@@ -12,6 +12,7 @@
 #include <c10/core/SymInt.h>
 
 #include "tokensampler/route.h"
+#include "tokensampler/slot_layout.h"
 
 namespace tokensampler {
 
@@ -48,12 +49,24 @@ inline void check_int32_vector(const at::Tensor& t, const char* name, const c10:
   TORCH_CHECK_VALUE(holds(t.sym_is_contiguous()), name, " must be contiguous");
 }
 
+// The slot table's layout: H and B are given, the prompt mask takes the rest of the width
+// (the kernels read a prompt bit only below 32 * P, so any P >= 0 is memory-safe). Call after
+// check_slot_table.
+inline SlotLayout slot_layout_of(const at::Tensor& table, int64_t history_capacity,
+                                 int64_t bias_capacity) {
+  const auto prompt_words = table.size(1) - kScalarWords - 2 * history_capacity - 2 * bias_capacity;
+  return SlotLayout{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity),
+                    static_cast<int32_t>(prompt_words)};
+}
+
 inline void check_slot_table(const at::Tensor& table, int64_t history_capacity,
                              int64_t bias_capacity, const at::Device& device) {
   TORCH_CHECK_TYPE(table.scalar_type() == at::kInt, "slot_table must be int32");
   TORCH_CHECK_VALUE(table.dim() == 2 && holds(table.sym_is_contiguous()),
                     "slot_table must be 2-D contiguous");
-  TORCH_CHECK_VALUE(holds(table.sym_size(1) == 12 + 2 * history_capacity + 2 * bias_capacity),
+  TORCH_CHECK_VALUE(history_capacity >= 0 && bias_capacity >= 0 &&
+                        holds(table.sym_size(1) >=
+                              kScalarWords + 2 * history_capacity + 2 * bias_capacity),
                     "slot_table width ", table.sym_size(1), " does not match history_capacity=",
                     history_capacity, ", bias_capacity=", bias_capacity);
   TORCH_CHECK_VALUE(table.device() == device, "slot_table is on ", table.device(),

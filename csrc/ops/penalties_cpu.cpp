@@ -18,7 +18,7 @@ void penalize_logits(const at::Tensor& logits, const at::Tensor& req_pool_indice
                       tokens_per_req, candidates, out);
   out.copy_(logits);
   const int32_t V = static_cast<int32_t>(logits.size(1));
-  const SlotLayout layout{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity)};
+  const SlotLayout layout = slot_layout_of(slot_table, history_capacity, bias_capacity);
   const int32_t* slots = req_pool_indices.data_ptr<int32_t>();
   const int32_t* cand = candidates ? candidates->data_ptr<int32_t>() : nullptr;
   at::parallel_for(0, out.size(0), 1, [&](int64_t begin, int64_t end) {

@@ -28,6 +28,11 @@ std::map<int32_t, TokenAdjustment> collect_adjustments(const RowContext& ctx) {
     a.in_history = true;
     a.output_count = s.history_counts()[i];
   }
+  if (s.repetition() != 1.0f) {  // prompt tokens: in the history, output count 0
+    for (int32_t w = 0; w < s.layout.prompt_mask_words; ++w)
+      for (uint32_t bits = s.prompt_mask()[w]; bits != 0; bits &= bits - 1)
+        adjust[32 * w + __builtin_ctz(bits)].in_history = true;
+  }
   for (int32_t i = 0; i < ctx.num_drafts; ++i) {
     auto& a = adjust[ctx.drafts[i]];
     a.in_history = true;
@@ -48,22 +53,28 @@ std::vector<int32_t> ranked_prefix(const std::vector<float>& values, std::vector
   return ids;
 }
 
-// log-sum-exp of the raw row; ±inf when the row's max is ±inf.
-double raw_log_normalizer(const RowDistribution& d) {
+// The raw row's log-softmax as max m and log of sum exp(x - m): a logprob is (x - m) - log_sum,
+// never x - (m + log_sum), which loses log_sum next to a huge m (logits of 1e17).
+struct RawNormalizer {
+  float max;
+  double log_sum;  // unused when max is ±inf
+};
+
+RawNormalizer raw_log_normalizer(const RowDistribution& d) {
   const float m = *std::max_element(d.raw.begin(), d.raw.end());
-  if (std::isinf(m)) return m;
+  if (std::isinf(m)) return {m, 0.0};
   double sum = 0.0;
   for (float x : d.raw) sum += std::exp(double(x) - m);
-  return m + std::log(sum);
+  return {m, std::log(sum)};
 }
 
-float raw_logprob_given(const RowDistribution& d, double lse, int32_t token) {
-  if (lse == -INFINITY) return kNegInf;
-  if (lse == INFINITY) {
+float raw_logprob_given(const RowDistribution& d, const RawNormalizer& norm, int32_t token) {
+  if (norm.max == kNegInf) return kNegInf;
+  if (norm.max == INFINITY) {
     const auto n = std::count(d.raw.begin(), d.raw.end(), INFINITY);
     return d.raw[token] == INFINITY ? -static_cast<float>(std::log(double(n))) : kNegInf;
   }
-  return static_cast<float>(double(d.raw[token]) - lse);
+  return static_cast<float>((double(d.raw[token]) - norm.max) - norm.log_sum);
 }
 
 }  // namespace
@@ -207,10 +218,10 @@ void top_raw_logprobs(const RowDistribution& d, int32_t n, float* values, int64_
   std::vector<int32_t> all(d.raw.size());
   std::iota(all.begin(), all.end(), 0);
   const std::vector<int32_t> top = ranked_prefix(d.raw, std::move(all), n);
-  const double lse = raw_log_normalizer(d);
+  const RawNormalizer norm = raw_log_normalizer(d);
   for (int32_t j = 0; j < n; ++j) {
     ids[j] = top[j];
-    values[j] = raw_logprob_given(d, lse, top[j]);
+    values[j] = raw_logprob_given(d, norm, top[j]);
   }
 }
 

@@ -47,7 +47,7 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
   const int64_t rows = x.size(0);
   const int32_t V = static_cast<int32_t>(x.size(1));
   const int64_t pool_rows = slot_table.size(0);
-  const SlotLayout layout{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity)};
+  const SlotLayout layout = slot_layout_of(slot_table, history_capacity, bias_capacity);
   const int32_t* slots = req_pool_indices.data_ptr<int32_t>();
   const int32_t* lengths = valid_cache_lengths.data_ptr<int32_t>();
   const int32_t* table = slot_table.data_ptr<int32_t>();
@@ -58,9 +58,15 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
     for (int64_t r = begin; r < end; ++r) {
       const int64_t b = r / tokens_per_req, j = r % tokens_per_req;
       const int32_t slot = slots[b];
-      if (slot < 0 || slot >= pool_rows) {  // untrusted index: flag the row, touch nothing
+      if (slot < 0 || slot >= pool_rows) {  // untrusted index: flag the row, read nothing
         out_tokens.data_ptr<int32_t>()[r] = 0;
         out_invalid.data_ptr<bool>()[r] = true;
+        // Outputs as for a row with no finite logit, never the previous call's.
+        if (out_logprobs) out_logprobs->data_ptr<float>()[r] = kNegInf;
+        for (int64_t n = 0; n < top_n; ++n) {
+          out_top_values->data_ptr<float>()[r * top_n + n] = kNegInf;
+          out_top_ids->data_ptr<int64_t>()[r * top_n + n] = n;
+        }
         continue;
       }
       RowContext ctx{SlotRow{table + slot * layout.row_words(), layout},

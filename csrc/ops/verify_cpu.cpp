@@ -38,7 +38,7 @@ int32_t sample_residual(const RowDistribution& dist, const std::vector<double>& 
   float best_score = 0.0f;
   for (size_t k = 0; k < dist.kept.size(); ++k) {
     const int32_t i = dist.kept[k];
-    const double residual = p[k] - double(q[i]);
+    const double residual = p[k] - double(draft_probability(q[i]));
     if (!(residual > 0.0)) continue;
     const float score = static_cast<float>(std::log(residual)) +
                         gumbel_noise(seed, position, i, kStreamResidual);
@@ -64,7 +64,7 @@ void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indic
   const int32_t V = static_cast<int32_t>(logits.size(1));
   const auto x = logits.to(at::kFloat).contiguous();
   const auto q_all = draft_probs.to(at::kFloat).contiguous();
-  const SlotLayout layout{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity)};
+  const SlotLayout layout = slot_layout_of(slot_table, history_capacity, bias_capacity);
   const int32_t* cand = candidates.data_ptr<int32_t>();
   int32_t* predict = out_predict.data_ptr<int32_t>();
   bool* invalid = out_invalid.data_ptr<bool>();
@@ -90,13 +90,17 @@ void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indic
         break;
       }
       const int32_t draft = cand[b * n + j + 1];
+      if (draft < 0 || draft >= V) {  // not a token: rejected, the row samples its target
+        predict[b * n + j] = sample_kept(dist, ctx);
+        break;
+      }
       const float* q = q_all.data_ptr<float>() + (b * (n - 1) + j) * V;
       const std::vector<double> p = kept_probabilities(dist);
       double p_draft = 0.0;
       for (size_t k = 0; k < dist.kept.size(); ++k)
         if (dist.kept[k] == draft) p_draft = p[k];
       const double coin = uniform_coin(row.seed(), t + j, kStreamAcceptCoin);
-      if (coin * double(q[draft]) < p_draft) {
+      if (coin * double(draft_probability(q[draft])) < p_draft) {
         predict[b * n + j] = draft;
         continue;
       }
@@ -115,7 +119,7 @@ void append_history(at::Tensor& slot_table, int64_t history_capacity, int64_t bi
   check_append_history_args(slot_table, history_capacity, bias_capacity, req_pool_indices, tokens,
                             accept_length, tokens_per_req);
   const int64_t bs = accept_length.numel();
-  const SlotLayout layout{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity)};
+  const SlotLayout layout = slot_layout_of(slot_table, history_capacity, bias_capacity);
   int32_t* table = slot_table.data_ptr<int32_t>();
   for (int64_t b = 0; b < bs; ++b) {
     const int32_t slot = req_pool_indices.data_ptr<int32_t>()[b];

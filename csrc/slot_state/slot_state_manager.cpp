@@ -18,18 +18,14 @@ std::invalid_argument value_error(Parts&&... parts) {
   return std::invalid_argument(os.str());
 }
 
-void check_finite_range(const char* field, float v, float lo, float hi, size_t row) {
-  if (!(v >= lo && v <= hi))
-    throw value_error("request ", row, ": ", field, "=", v, " is outside [", lo, ", ", hi, "]");
-}
-
 }  // namespace
 
 SlotStateManager::SlotStateManager(int64_t pool_rows, int64_t vocab_size, int64_t history_capacity,
                                    int64_t bias_capacity, bool with_min_p, torch::Device device)
     : pool_rows_(pool_rows),
       vocab_size_(vocab_size),
-      layout_{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity)},
+      layout_{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity),
+              history_capacity > 0 ? static_cast<int32_t>((vocab_size + 31) / 32) : 0},
       with_min_p_(with_min_p),
       device_(device),
       owners_(static_cast<size_t>(std::max<int64_t>(pool_rows, 0))) {
@@ -69,19 +65,9 @@ void SlotStateManager::validate(
         throw value_error("request_pool_indices[", i, "]=", pool_indices[i],
                           " is given to two requests in one step (", request_ids[j], ", ",
                           request_ids[i], ")");
+    // Parameter values are validated once, in Python (SamplingParams.normalize); what is
+    // checked here protects memory: list sizes and token ids the kernels index with.
     const SlotParams& p = params[i];
-    if (!(p.temperature >= 0.0f) || std::isinf(p.temperature))
-      throw value_error("request ", i, ": temperature=", p.temperature, " must be finite and >= 0");
-    if (p.top_k < -1 || p.top_k == 0)
-      throw value_error("request ", i, ": top_k=", p.top_k, " must be -1 or >= 1");
-    if (!(p.top_p > 0.0f && p.top_p <= 1.0f))
-      throw value_error("request ", i, ": top_p=", p.top_p, " must be in (0, 1]");
-    check_finite_range("min_p", p.min_p, 0.0f, 1.0f, i);
-    if (!(p.repetition_penalty > 0.0f) || std::isinf(p.repetition_penalty))
-      throw value_error("request ", i, ": repetition_penalty=", p.repetition_penalty,
-                        " must be finite and > 0");
-    check_finite_range("frequency_penalty", p.frequency_penalty, -2.0f, 2.0f, i);
-    check_finite_range("presence_penalty", p.presence_penalty, -2.0f, 2.0f, i);
     if (static_cast<int64_t>(p.logit_bias.size()) > layout_.bias_capacity)
       throw value_error("request ", i, ": logit_bias has ", p.logit_bias.size(),
                         " entries, more than this backend's bias capacity ", layout_.bias_capacity);
@@ -97,15 +83,6 @@ void SlotStateManager::validate(
         if (token < 0 || token >= vocab_size_)
           throw value_error("request ", i, ": prompt token ", token, " is outside [0, ",
                             vocab_size_, ")");
-      if (p.repetition_penalty != 1.0f) {
-        std::vector<int64_t> distinct = *prompt_token_ids[i];
-        std::sort(distinct.begin(), distinct.end());
-        const auto n = std::unique(distinct.begin(), distinct.end()) - distinct.begin();
-        if (n > layout_.history_capacity)
-          throw value_error("request ", i, ": prompt_token_ids has ", n,
-                            " distinct tokens, more than penalty_history_capacity=",
-                            layout_.history_capacity);
-      }
     }
   }
 }
@@ -123,17 +100,12 @@ void SlotStateManager::pack_row(int32_t* row, const SlotParams& p,
   row[kColSeedLo] = static_cast<int32_t>(static_cast<uint32_t>(p.seed));
   row[kColSeedHi] = static_cast<int32_t>(static_cast<uint32_t>(p.seed >> 32));
 
-  // Prompt tokens matter only to the repetition penalty; output counts start at zero.
-  std::vector<int64_t> history;
-  if (prompt && p.repetition_penalty != 1.0f && layout_.history_capacity > 0) {
-    history = *prompt;
-    std::sort(history.begin(), history.end());
-    history.erase(std::unique(history.begin(), history.end()), history.end());
+  // Prompt tokens matter only to the repetition penalty: one bit each in the prompt mask,
+  // however long the prompt. The output history starts empty (fill above).
+  if (prompt && p.repetition_penalty != 1.0f && layout_.prompt_mask_words > 0) {
+    auto* mask = reinterpret_cast<uint32_t*>(row + layout_.prompt_mask_col());
+    for (int64_t token : *prompt) mask[token >> 5] |= 1u << (token & 31);
   }
-  const int64_t kept = std::min<int64_t>(history.size(), layout_.history_capacity);
-  for (int64_t j = 0; j < kept; ++j) row[layout_.history_tokens_col() + j] = static_cast<int32_t>(history[j]);
-  row[kColHistoryLen] = static_cast<int32_t>(kept);
-  row[kColHistoryDropped] = static_cast<int32_t>(history.size() - kept);
 
   // Bias entries sorted by token; a repeated token keeps its last value.
   std::vector<std::pair<int64_t, float>> bias = p.logit_bias;

@@ -53,6 +53,13 @@ class SamplingBackendConfig:
             if not cond:
                 raise ValueError(msg)
 
+        for name in ("max_bs", "max_draft_tokens_per_req", "max_req_pool_size", "vocab_size",
+                     "top_logprobs_num", "penalty_history_capacity", "logit_bias_capacity",
+                     "random_seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name}={value!r} must be an int, got {type(value).__name__}")
+
         need(isinstance(self.max_bs, int) and self.max_bs >= 1, f"max_bs={self.max_bs!r} must be an int >= 1")
         need(isinstance(self.max_draft_tokens_per_req, int) and self.max_draft_tokens_per_req >= 1,
              f"max_draft_tokens_per_req={self.max_draft_tokens_per_req!r} must be an int >= 1")

@@ -7,7 +7,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
-__all__ = ["SamplingParams", "derive_seed"]
+__all__ = ["SamplingParams", "derive_seed", "GREEDY_TEMPERATURE"]
+
+# Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): l / T would overflow fp32 for
+# T near FLT_MIN, and no fp32 logit gap would let such a T sample anything but the argmax.
+GREEDY_TEMPERATURE = 1e-5
 
 _FIELD_RANGES = {
     # field: (low, high, low_inclusive, high_inclusive)
@@ -23,7 +27,10 @@ _FIELD_RANGES = {
 def _check_number(name: str, value, low, high, low_inc, high_inc) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        raise ValueError(f"{name}={value} is outside [{low}, {high}]") from None
     if math.isnan(value):
         raise ValueError(f"{name}=nan is not a number")
     ok_low = value >= low if low_inc else value > low
@@ -44,7 +51,7 @@ def derive_seed(rid: str) -> int:
 class SamplingParams:
     """What one request asks of the sampler.
 
-    temperature 0 (or top_k 1) is greedy; top_k -1 and top_p 1 disable those filters;
+    temperature 0 (below GREEDY_TEMPERATURE) or top_k 1 is greedy; top_k -1 and top_p 1 disable those filters;
     seed None is replaced by a value derived from the request id (`resolve_seed`);
     logit_bias maps token ids (int or decimal str) to an additive bias.
     """
@@ -90,24 +97,31 @@ class SamplingParams:
             raise TypeError(f"logit_bias must be a mapping, got {type(self.logit_bias).__name__}")
         out: dict[int, float] = {}
         for key, value in self.logit_bias.items():
-            try:
+            # An int, or a string of decimal digits (OpenAI's JSON keys): int() alone would
+            # also take " 5", "+5" and "5_0".
+            if isinstance(key, str) and key.isascii() and key.isdigit():
                 token = int(key)
-            except (TypeError, ValueError):
-                raise TypeError(f"logit_bias key {key!r} is not a token id") from None
-            if isinstance(key, float) or isinstance(key, bool):
-                raise TypeError(f"logit_bias key {key!r} is not a token id")
+            elif isinstance(key, int) and not isinstance(key, bool):
+                token = key
+            else:
+                raise TypeError(f"logit_bias key {key!r} is not a token id (an int or a "
+                                f"string of decimal digits)")
             if token < 0 or (vocab_size is not None and token >= vocab_size):
                 raise ValueError(f"logit_bias token {token} is outside [0, {vocab_size})")
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"logit_bias[{token}] must be a number, got {value!r}")
+            try:
+                value = float(value)
+            except OverflowError:  # an int beyond fp64: as large a bias as +-inf
+                value = math.copysign(math.inf, value)
             if math.isnan(value):
                 raise ValueError(f"logit_bias[{token}]=nan is not a number")
-            out[token] = float(value)
+            out[token] = value
         return out
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     @property
     def has_penalties(self) -> bool:

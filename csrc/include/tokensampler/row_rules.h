@@ -21,14 +21,15 @@ TS_HD bool is_greedy_row(float temperature, int32_t top_k) {
 }
 
 // §3.2–3.4 for one token: repetition penalty if the token is in the slot's history,
-// frequency and presence over its output count, then the bias. ±inf stays ±inf.
+// frequency and presence over its output count, then the bias. ±inf stays ±inf; a bias of the
+// opposite infinity (NaN) bans the token, as §3.1 treats NaN.
 TS_HD float penalized_logit(float l, bool in_history, int32_t output_count, float repetition,
                             float frequency, float presence, float bias) {
   if (in_history && repetition != 1.0f) l = l > 0.0f ? f_div(l, repetition) : f_mul(l, repetition);
   if (output_count > 0) {
     l = f_sub(l, f_add(f_mul(frequency, static_cast<float>(output_count)), presence));
   }
-  return f_add(l, bias);
+  return sanitize_logit(f_add(l, bias));
 }
 
 // Order used by top-k, top-p and every tie rule: a precedes b when its value is larger, or
@@ -36,6 +37,10 @@ TS_HD float penalized_logit(float l, bool in_history, int32_t output_count, floa
 TS_HD bool ranks_before(float za, int32_t ia, float zb, int32_t ib) {
   return za > zb || (za == zb && ia < ib);
 }
+
+// §4: a draft probability as verify reads it: NaN as 0, clamped to [0, 1], so no input can
+// accept a draft the target gives probability 0.
+TS_HD float draft_probability(float q) { return q > 0.0f ? (q < 1.0f ? q : 1.0f) : 0.0f; }
 
 // §3.6: z = l / T.
 TS_HD float scaled_logit(float l, float temperature) { return f_div(l, temperature); }

@@ -5,9 +5,10 @@
 // fields are stored as their bit patterns. One table means a flip is one host-to-device copy
 // of the packed new rows plus one index_copy_, however many fields and slots change.
 //
-// Penalty state is sparse: a sorted list of the distinct token ids the slot has seen (prompt
-// and output) with each one's output count, H entries at most, so a slot costs
-// 4 * (kScalarWords + 2H + 2B) bytes, not 4 * V.
+// Penalty state: a sorted list of the distinct output tokens with their counts (H entries at
+// most) and, in tables that have a history, a bitmask of the prompt's tokens (P = ceil(V / 32)
+// words, V / 8 bytes: a 128k-token prompt costs what a 1-token one does). A slot costs
+// 4 * (kScalarWords + 2H + 2B + P) bytes, not 4 * V.
 #pragma once
 
 #include "tokensampler/platform.h"
@@ -24,21 +25,25 @@ enum SlotColumn : int {
   kColPresence = 6,      // f32
   kColSeedLo = 7,        // low 32 bits of the 64-bit seed
   kColSeedHi = 8,        // high 32 bits
-  kColHistoryLen = 9,    // i32, distinct tokens in the history list
+  kColHistoryLen = 9,    // i32, distinct output tokens in the history list
   kColBiasLen = 10,      // i32, entries in the bias list
   kColHistoryDropped = 11,  // i32, output tokens not recorded because the list was full
   kScalarWords = 12,
 };
 
 struct SlotLayout {
-  int32_t history_capacity;  // H
-  int32_t bias_capacity;     // B
+  int32_t history_capacity;   // H
+  int32_t bias_capacity;      // B
+  int32_t prompt_mask_words;  // P: ceil(V / 32) with a history, else 0
 
-  TS_HD int32_t row_words() const { return kScalarWords + 2 * history_capacity + 2 * bias_capacity; }
+  TS_HD int32_t row_words() const {
+    return kScalarWords + 2 * history_capacity + 2 * bias_capacity + prompt_mask_words;
+  }
   TS_HD int32_t history_tokens_col() const { return kScalarWords; }
   TS_HD int32_t history_counts_col() const { return kScalarWords + history_capacity; }
   TS_HD int32_t bias_tokens_col() const { return kScalarWords + 2 * history_capacity; }
   TS_HD int32_t bias_values_col() const { return kScalarWords + 2 * history_capacity + bias_capacity; }
+  TS_HD int32_t prompt_mask_col() const { return kScalarWords + 2 * history_capacity + 2 * bias_capacity; }
 };
 
 // Read-only view of one slot's row.
@@ -64,6 +69,15 @@ struct SlotRow {
   TS_HD const int32_t* bias_tokens() const { return w + layout.bias_tokens_col(); }
   TS_HD float bias_value(int i) const {
     return bits_float(static_cast<uint32_t>(w[layout.bias_values_col() + i]));
+  }
+  TS_HD const uint32_t* prompt_mask() const {
+    return reinterpret_cast<const uint32_t*>(w + layout.prompt_mask_col());
+  }
+  // Whether `token` is one of the prompt tokens the repetition penalty reads (bit token % 32
+  // of word token / 32; the mask is written only for slots with a repetition penalty).
+  TS_HD bool in_prompt(int32_t token) const {
+    return token >= 0 && (token >> 5) < layout.prompt_mask_words &&
+           ((prompt_mask()[token >> 5] >> (token & 31)) & 1u);
   }
 };
 

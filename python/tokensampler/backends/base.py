@@ -13,6 +13,7 @@ from ..build import check_device_supported
 from ..config import SamplingBackendConfig
 from ..graphs import CUDA_GRAPH_VARIANT_DEFAULT
 from ..params import SamplingParams
+from . import checks
 
 __all__ = ["SamplingBackend"]
 
@@ -33,10 +34,13 @@ class SamplingBackend(ABC):
     def __init__(self, config: SamplingBackendConfig) -> None:
         self.config = config.validate()
         device = config.torch_device
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={config.device!r}: no CUDA device is available")
         if device.type == "cuda" and device.index is None:
             # "cuda" means the current device; compare against tensors' explicit "cuda:N".
             device = torch.device("cuda", torch.cuda.current_device())
-        # A GPU the build has no code for fails here, not at the first kernel launch.
+        # A build without CUDA kernels, or without code for this GPU's architecture, fails
+        # here (naming the GPU), not at the first kernel launch.
         check_device_supported(device)
         self.device = device
         rows = config.max_bs * config.max_draft_tokens_per_req
@@ -65,7 +69,14 @@ class SamplingBackend(ABC):
     def prepare_step(self, request_ids: Sequence[str], request_pool_indices: Sequence[int],
                      sampling_params_list: Sequence[SamplingParams], num_tokens_per_req: int = 1,
                      *, prompt_token_ids: Sequence[Sequence[int] | None] | None = None) -> None:
-        """Flip detection and per-step route selection. Stateless backends do nothing."""
+        """Flip detection and per-step route selection. Stateless backends only validate."""
+        step = checks.check_step(self.config, request_ids, request_pool_indices,
+                                 sampling_params_list, num_tokens_per_req, prompt_token_ids)
+        for rid, sp in zip(step.rids, step.params):
+            if not isinstance(sp, SamplingParams):
+                raise TypeError(f"sampling_params_list entry for rid={rid!r} is a "
+                                f"{type(sp).__name__}, not SamplingParams")
+            sp.normalize(self.config.vocab_size)
 
     def prepare_capture(self, bs: int, num_tokens_per_req: int = 1) -> None:
         """Per-step refill for capture warm-up. Default: nothing to refill."""
@@ -125,7 +136,12 @@ class SamplingBackend(ABC):
                candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     # ---- shared checks ----
-    def _checked_logits(self, logits_output: LogitsProcessorOutput, rows_per_req: int) -> torch.Tensor:
+    def _checked_logits(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo,
+                        rows_per_req: int) -> torch.Tensor:
+        """The step's logits, after every check of the logits and of sampling_info."""
+        if not isinstance(logits_output, LogitsProcessorOutput):
+            raise TypeError(f"logits_output must be a LogitsProcessorOutput, got "
+                            f"{type(logits_output).__name__}")
         logits = logits_output.next_token_logits
         if not isinstance(logits, torch.Tensor):
             raise TypeError(f"next_token_logits must be a tensor, got {type(logits).__name__}")
@@ -138,23 +154,29 @@ class SamplingBackend(ABC):
             raise ValueError(f"next_token_logits shape {tuple(logits.shape)} is not "
                              f"[rows, vocab_size={self.config.vocab_size}]")
         rows = logits.size(0)
-        if rows % rows_per_req or rows // rows_per_req > self.config.max_bs:
-            raise ValueError(f"next_token_logits has {rows} rows: more than max_bs="
-                             f"{self.config.max_bs} requests of {rows_per_req} rows")
         if rows_per_req > self.config.max_draft_tokens_per_req:
             raise ValueError(f"{rows_per_req} tokens per request exceeds "
                              f"max_draft_tokens_per_req={self.config.max_draft_tokens_per_req}")
+        if rows % rows_per_req or rows // rows_per_req > self.config.max_bs:
+            raise ValueError(f"next_token_logits has {rows} rows: not a whole number of at most "
+                             f"max_bs={self.config.max_bs} requests of {rows_per_req} rows")
+        checks.check_batch_info(self.config, self.device, sampling_info, rows // rows_per_req)
         return logits if logits.stride(1) == 1 else logits.contiguous()
 
-    def _checked_candidates(self, candidates: torch.Tensor, rows: int) -> torch.Tensor:
-        if not isinstance(candidates, torch.Tensor) or candidates.dim() != 2:
-            raise ValueError(f"candidates must be a [bs, n] tensor, got {getattr(candidates, 'shape', candidates)}")
-        if candidates.numel() != rows:
-            raise ValueError(f"candidates shape {tuple(candidates.shape)} does not match "
-                             f"{rows} logits rows")
-        if candidates.device != self.device:
-            raise ValueError(f"candidates is on {candidates.device}, expected {self.device}")
-        return candidates.to(torch.int32).contiguous()
+    def _checked_verify(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo,
+                        candidates) -> tuple[torch.Tensor, torch.Tensor]:
+        """verify's (logits, int32 candidates), after every check of its inputs."""
+        candidates = checks.check_candidates(candidates, self.device,
+                                             self.config.max_draft_tokens_per_req)
+        bs, n = candidates.shape
+        logits = self._checked_logits(logits_output, sampling_info, n)
+        if bs * n != logits.size(0):
+            raise ValueError(f"candidates shape {(bs, n)} does not match {logits.size(0)} "
+                             f"logits rows")
+        if sampling_info.draft_probs is not None:
+            checks.check_draft_probs(sampling_info.draft_probs, self.device, bs, n,
+                                     self.config.vocab_size)
+        return logits, candidates
 
     def _publish_logprobs(self, logits_output: LogitsProcessorOutput, rows: int) -> None:
         if self._logprobs is not None:

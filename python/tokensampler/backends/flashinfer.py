@@ -135,11 +135,8 @@ class _FlashInferMixin:
                candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if sampling_info.draft_probs is None:
             return super().verify(logits_output, sampling_info, candidates)
-        n = candidates.size(-1)
-        logits = self._checked_logits(logits_output, n)
-        rows = logits.size(0)
-        candidates = self._checked_candidates(candidates, rows)
-        bs = candidates.size(0)
+        logits, candidates = self._checked_verify(logits_output, sampling_info, candidates)
+        rows, (bs, n) = logits.size(0), candidates.shape
         target = self._target[:rows]
         _, z, (_, top_k, top_p, min_p, greedy, seed, offset) = self._draw(
             logits, sampling_info, n, candidates, target)
@@ -150,8 +147,13 @@ class _FlashInferMixin:
         accepted.zero_()
         emitted.zero_()
         # Returns (tokens, accepted, emitted); the counts land in our buffers in place.
+        # DESIGN §4's input policy, as far as FlashInfer's kernel allows: q NaN -> 0, clamped to
+        # [0, 1]; draft ids outside [0, V) are clamped into it (FlashInfer would read through
+        # them) instead of being rejected outright as tokensampler's own kernels do.
+        draft_probs = sampling_info.draft_probs.float().nan_to_num(0.0, 1.0, 0.0).clamp_(0.0, 1.0)
+        drafts = candidates[:, 1:].clamp(0, self.config.vocab_size - 1).contiguous()
         tokens, _, _ = self._fs.chain_speculative_sampling(
-            sampling_info.draft_probs.float(), candidates[:, 1:].contiguous(), probs.view(bs, n, -1),
+            draft_probs, drafts, probs.view(bs, n, -1),
             accepted, emitted, seed=seed.view(bs, n)[:, 0].contiguous(),
             offset=offset.view(bs, n)[:, 0].contiguous())
         predict, accept = self._packed[0, :rows], self._packed[1, :bs]
@@ -165,6 +167,8 @@ class _FlashInferMixin:
 class FlashInferSamplingBackend(_FlashInferMixin, GumbelSamplingBackend):
     """`gumbel`'s contract (temperature, top-k, top-p, seed) with FlashInfer's draws."""
 
+    _NAME = "flashinfer"
+
     def __init__(self, config) -> None:
         self._require_flashinfer(config)
         super().__init__(config)
@@ -173,6 +177,8 @@ class FlashInferSamplingBackend(_FlashInferMixin, GumbelSamplingBackend):
 
 class FlashInferFullSamplingBackend(_FlashInferMixin, GumbelFullSamplingBackend):
     """`gumbel_full`'s contract (adds min-p, penalties, bias) with FlashInfer's draws."""
+
+    _NAME = "flashinfer_full"
 
     def __init__(self, config) -> None:
         self._require_flashinfer(config)

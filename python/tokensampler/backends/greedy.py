@@ -15,7 +15,7 @@ class GreedySamplingBackend(SamplingBackend):
 
     def sample(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self._checked_logits(logits_output, 1)
+        logits = self._checked_logits(logits_output, sampling_info, 1)
         bs = logits.size(0)
         tokens = self._packed[0, :bs]
         torch.ops.tokensampler.argmax_rows(logits, tokens)
@@ -43,9 +43,8 @@ class GreedySamplingBackend(SamplingBackend):
 
     def verify(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo,
                candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self._checked_logits(logits_output, candidates.size(-1))
+        logits, candidates = self._checked_verify(logits_output, sampling_info, candidates)
         rows = logits.size(0)
-        candidates = self._checked_candidates(candidates, rows)
         target = self._target[:rows]
         torch.ops.tokensampler.argmax_rows(logits, target)
         predict, accept = self._packed[0, :rows], self._packed[1, :candidates.size(0)]

@@ -23,7 +23,8 @@ from ..graphs import (
 )
 from ..params import SamplingParams
 from .base import SamplingBackend
-from .slot_params import to_slot_params
+from . import checks
+from .slot_params import to_slot_params, unsupported_field
 
 __all__ = ["GumbelSamplingBackend"]
 
@@ -65,8 +66,9 @@ _VARIANT_ROUTES = {
 
 class GumbelSamplingBackend(SamplingBackend):
     _HAS_POOL_STATE = True
-    # What the full backend adds; the plain one ignores min-p, penalties and bias.
+    # What the full backend adds; the plain one refuses min-p, penalties and bias.
     _FULL = False
+    _NAME = "gumbel"
     # Whether tokensampler's own sample_rows kernels draw (the FlashInfer adapters say no).
     _KERNEL_WORKSPACE = True
 
@@ -80,7 +82,9 @@ class GumbelSamplingBackend(SamplingBackend):
             with_min_p=full, device=str(self.device))
         self._route = _C.Route.GENERIC
         self.step_max_top_k = config.vocab_size
-        self._admitted: dict = {}
+        # rid -> its latest SamplingParams' conversion; slot -> the conversion written there.
+        self._converted: dict[str, _Admitted] = {}
+        self._in_slot: list[_Admitted | None] = [None] * config.pool_rows
         self._row_offsets = torch.arange(config.max_draft_tokens_per_req, device=self.device)
         self._logprobs_mode = LOGPROBS_MODES.index(config.logprobs_mode)
         # Scratch of the CUDA kernels, sized once from the config: no step allocates.
@@ -145,40 +149,41 @@ class GumbelSamplingBackend(SamplingBackend):
     def prepare_step(self, request_ids: Sequence[str], request_pool_indices: Sequence[int],
                      sampling_params_list: Sequence[SamplingParams], num_tokens_per_req: int = 1,
                      *, prompt_token_ids: Sequence[Sequence[int] | None] | None = None) -> None:
-        if not len(request_ids) == len(request_pool_indices) == len(sampling_params_list):
-            raise ValueError(f"prepare_step expects aligned per-request lists; got "
-                             f"request_ids={len(request_ids)}, "
-                             f"request_pool_indices={len(request_pool_indices)}, "
-                             f"sampling_params_list={len(sampling_params_list)}")
-        if not 1 <= num_tokens_per_req <= self.config.max_draft_tokens_per_req:
-            raise ValueError(f"num_tokens_per_req={num_tokens_per_req} is outside [1, "
-                             f"max_draft_tokens_per_req={self.config.max_draft_tokens_per_req}]")
-        # Steady state is the common step: a request that brings the same SamplingParams object
-        # as last step reuses its conversion (normalising and converting every request every
-        # step cost ~30 us per request on the host). A new object is validated; while the
-        # request keeps its slot, the slot (and so the route) keeps the parameters it was given
-        # at the flip.
-        admitted = {}
-        for rid, slot, sp in zip(request_ids, request_pool_indices, sampling_params_list):
-            hit = self._admitted.get(rid)
-            if hit is None or hit.source is not sp:
-                converted = self._convert(rid, sp)  # validates the new object either way
-                keeps_slot = hit is not None and self.slots.owner(int(slot)) == str(rid)
-                hit = hit._replace(source=sp) if keeps_slot else converted
-            admitted[rid] = hit
-        prompts = [] if prompt_token_ids is None else [
-            None if p is None else [int(t) for t in p] for p in prompt_token_ids]
-        self._route = self.slots.prepare_step(
-            [str(r) for r in request_ids], [int(i) for i in request_pool_indices],
-            [admitted[rid].params for rid in request_ids], prompts)
-        self._admitted = admitted
+        step = checks.check_step(self.config, request_ids, request_pool_indices,
+                                 sampling_params_list, num_tokens_per_req, prompt_token_ids)
+        # A slot holds the parameters its request brought when the slot flipped (DESIGN §2); the
+        # route and step_max_top_k come from those same parameters. A request that brings a new
+        # SamplingParams object is validated and converted now (steady steps reuse the
+        # conversion: ~30 us per request saved) and the new parameters reach a slot at its
+        # next flip, a move to another slot included. Prompts are read only for flips.
+        converted, in_effect, prompts = {}, [], []
+        for i, (rid, slot, sp) in enumerate(zip(step.rids, step.slots, step.params)):
+            conv = self._converted.get(rid)
+            if conv is None or conv.source is not sp:
+                conv = self._convert(rid, sp)
+            converted[rid] = conv
+            flips = self.slots.owner(slot) != rid
+            in_effect.append(conv if flips else self._in_slot[slot])
+            prompts.append(checks.check_prompt(step.prompts[i], i, self.config.vocab_size)
+                           if flips and step.prompts is not None else None)
+        self._route = self.slots.prepare_step(step.rids, step.slots,
+                                              [a.params for a in in_effect], prompts)
+        for slot, a in zip(step.slots, in_effect):
+            self._in_slot[slot] = a
+        self._converted = converted
         # Largest top-k of the step's sampled rows (V when a row has none): host-side, so
         # callers such as vocab-parallel sampling can size candidate sets without a sync.
-        self.step_max_top_k = max((a.max_top_k for a in admitted.values()), default=1)
+        self.step_max_top_k = max((a.max_top_k for a in in_effect), default=1)
 
     def _convert(self, rid, sp: SamplingParams) -> _Admitted:
         vocab = self.config.vocab_size
         p = to_slot_params(sp, rid, vocab)
+        if not self._FULL and (field := unsupported_field(sp)) is not None:
+            raise ValueError(f"rid={rid!r}: backend {self._NAME!r} does not apply {field}; "
+                             f"use {self._NAME + '_full'!r}")
+        if sp.logit_bias and len(sp.logit_bias) > self.slots.bias_capacity:
+            raise ValueError(f"rid={rid!r}: logit_bias has {len(sp.logit_bias)} entries, more "
+                             f"than logit_bias_capacity={self.slots.bias_capacity}")
         sampled = p.temperature > 0 and p.top_k != 1
         return _Admitted(sp, p, (p.top_k if 0 < p.top_k < vocab else vocab) if sampled else 1)
 
@@ -214,6 +219,7 @@ class GumbelSamplingBackend(SamplingBackend):
 
     def reset_capture_state(self) -> None:
         self.slots.reset_slot(0)
+        self._in_slot[0] = None
 
     # ---- the work ----
     def _sample_rows(self, logits: torch.Tensor, sampling_info: SamplingBatchInfo, n: int,
@@ -243,7 +249,7 @@ class GumbelSamplingBackend(SamplingBackend):
 
     def sample(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self._checked_logits(logits_output, 1)
+        logits = self._checked_logits(logits_output, sampling_info, 1)
         bs = logits.size(0)
         tokens, lengths = self._packed[0, :bs], self._packed[1, :bs]
         self._sample_rows(logits, sampling_info, 1, None, tokens)
@@ -254,11 +260,8 @@ class GumbelSamplingBackend(SamplingBackend):
 
     def verify(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo,
                candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        n = candidates.size(-1)
-        logits = self._checked_logits(logits_output, n)
-        rows = logits.size(0)
-        candidates = self._checked_candidates(candidates, rows)
-        bs = candidates.size(0)
+        logits, candidates = self._checked_verify(logits_output, sampling_info, candidates)
+        rows, (bs, n) = logits.size(0), candidates.shape
         predict, accept = self._packed[0, :rows], self._packed[1, :bs]
         if sampling_info.draft_probs is not None:
             torch.ops.tokensampler.verify_rejection(

@@ -21,6 +21,7 @@ _FULL_VARIANT_ROUTES = {
 
 class GumbelFullSamplingBackend(GumbelSamplingBackend):
     _FULL = True
+    _NAME = "gumbel_full"
 
     @property
     def min_p_pool(self) -> torch.Tensor:
@@ -45,7 +46,11 @@ class GumbelFullSamplingBackend(GumbelSamplingBackend):
         n = int(row[_COL["history_len"]])
         ids = row[s.history_tokens_col:s.history_tokens_col + n].tolist()
         counts = row[s.history_counts_col:s.history_counts_col + n].tolist()
-        return dict(zip(ids, counts))
+        mask = row[s.prompt_mask_col:s.prompt_mask_col + s.prompt_mask_words].tolist()
+        seen = {32 * w + b: 0 for w, word in enumerate(mask) if word
+                for b in range(32) if (word >> b) & 1}
+        seen.update(zip(ids, counts))
+        return dict(sorted(seen.items()))
 
     def logit_bias(self, slot: int) -> dict[int, float]:
         """{token: bias} of a slot. Host copy, for tests and debugging."""

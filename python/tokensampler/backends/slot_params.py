@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _C
-from ..params import SamplingParams, derive_seed
+from ..params import GREEDY_TEMPERATURE, SamplingParams, derive_seed
 
 
 def seed_for(sp: SamplingParams, rid: str) -> int:
@@ -12,13 +12,28 @@ def seed_for(sp: SamplingParams, rid: str) -> int:
     return int(sp.seed) if sp.seed is not None else derive_seed(rid)
 
 
+def unsupported_field(sp: SamplingParams) -> str | None:
+    """The first field of `sp` (normalised) that asks for more than temperature, top-k, top-p
+    and seed, or None: what a backend without penalties, bias and min-p cannot honour."""
+    if sp.min_p > 0.0:
+        return f"min_p={sp.min_p}"
+    for name, neutral in (("repetition_penalty", 1.0), ("frequency_penalty", 0.0),
+                          ("presence_penalty", 0.0)):
+        if getattr(sp, name) != neutral:
+            return f"{name}={getattr(sp, name)}"
+    if sp.logit_bias:
+        return f"logit_bias with {len(sp.logit_bias)} entries"
+    return None
+
+
 def to_slot_params(sp: SamplingParams, rid: str, vocab_size: int) -> _C.SlotParams:
     if not isinstance(sp, SamplingParams):
         raise TypeError(f"sampling_params_list entry for rid={rid!r} is a {type(sp).__name__}, "
                         f"not SamplingParams")
     sp.normalize(vocab_size)
     return _C.SlotParams(
-        temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p,
+        # Below GREEDY_TEMPERATURE the slot is greedy: the kernels see temperature 0.
+        temperature=0.0 if sp.temperature < GREEDY_TEMPERATURE else sp.temperature, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p,
         repetition_penalty=sp.repetition_penalty, frequency_penalty=sp.frequency_penalty,
         presence_penalty=sp.presence_penalty, seed=seed_for(sp, rid),
         logit_bias=sorted((sp.logit_bias or {}).items()))

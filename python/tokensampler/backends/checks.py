@@ -1,0 +1,171 @@
+"""The one validation of a step's host-side inputs (DESIGN §5).
+
+Everything a caller hands `prepare_step`, `sample` and `verify` is checked here, before any slot
+or output is written: a refusal is a ValueError / TypeError naming the field and its value and
+leaves the backend as it was. The native code keeps only bounds checks that protect memory (a
+backstop for direct callers of the ops), so no rule lives in two places.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+
+import torch
+
+from ..batch import SamplingBatchInfo
+from ..config import SamplingBackendConfig
+
+__all__ = ["StepRequests", "check_step", "check_batch_info", "check_candidates",
+           "check_draft_probs", "check_prompt"]
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _index(value, name: str) -> int:
+    """An integer argument: int or an integer scalar (numpy), never bool, float or str."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name}={value!r} must be an int, not bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}={value!r} must be an int, got {type(value).__name__}") from None
+
+
+def _sequence(value, name: str) -> Sequence:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a list, got {type(value).__name__}")
+    return value
+
+
+class StepRequests:
+    """prepare_step's per-request lists after validation: request ids as str, slots as int."""
+
+    __slots__ = ("rids", "slots", "params", "prompts", "tokens_per_req")
+
+    def __init__(self, rids, slots, params, prompts, tokens_per_req):
+        self.rids, self.slots, self.params = rids, slots, params
+        self.prompts, self.tokens_per_req = prompts, tokens_per_req
+
+
+def check_step(config: SamplingBackendConfig, request_ids, request_pool_indices,
+               sampling_params_list, num_tokens_per_req, prompt_token_ids) -> StepRequests:
+    """Shapes, types, ranges and uniqueness of prepare_step's arguments (not the params' fields:
+    SamplingParams.normalize checks those)."""
+    request_ids = _sequence(request_ids, "request_ids")
+    request_pool_indices = _sequence(request_pool_indices, "request_pool_indices")
+    sampling_params_list = _sequence(sampling_params_list, "sampling_params_list")
+    n = len(request_ids)
+    if not n == len(request_pool_indices) == len(sampling_params_list) or (
+            prompt_token_ids is not None and len(_sequence(prompt_token_ids, "prompt_token_ids")) != n):
+        raise ValueError(
+            f"prepare_step expects aligned per-request lists; got request_ids={n}, "
+            f"request_pool_indices={len(request_pool_indices)}, "
+            f"sampling_params_list={len(sampling_params_list)}"
+            + ("" if prompt_token_ids is None else f", prompt_token_ids={len(prompt_token_ids)}"))
+    if n > config.max_bs:
+        raise ValueError(f"prepare_step got {n} requests, more than max_bs={config.max_bs}")
+    tokens_per_req = _index(num_tokens_per_req, "num_tokens_per_req")
+    if not 1 <= tokens_per_req <= config.max_draft_tokens_per_req:
+        raise ValueError(f"num_tokens_per_req={tokens_per_req} is outside [1, "
+                         f"max_draft_tokens_per_req={config.max_draft_tokens_per_req}]")
+    rids = [str(r) for r in request_ids]
+    if len(set(rids)) != n:
+        dup = next(r for r in rids if rids.count(r) > 1)
+        raise ValueError(f"request_ids holds {dup!r} twice: one request per row of a step")
+    slots = []
+    owner_of = {}
+    for i, value in enumerate(request_pool_indices):
+        slot = _index(value, f"request_pool_indices[{i}]")
+        if not 0 <= slot < config.pool_rows:
+            raise ValueError(f"request_pool_indices[{i}]={slot} is outside [0, "
+                             f"{config.pool_rows}) for rid={rids[i]!r}")
+        if slot in owner_of:
+            raise ValueError(f"request_pool_indices[{i}]={slot} is given to two requests in "
+                             f"one step ({owner_of[slot]!r}, {rids[i]!r})")
+        owner_of[slot] = rids[i]
+        slots.append(slot)
+    return StepRequests(rids, slots, list(sampling_params_list),
+                        None if prompt_token_ids is None else list(prompt_token_ids),
+                        tokens_per_req)
+
+
+def check_prompt(prompt, i: int, vocab_size: int) -> list[int] | None:
+    """prompt_token_ids[i] as a list of ints in [0, vocab_size), or None."""
+    if prompt is None:
+        return None
+    name = f"prompt_token_ids[{i}]"
+    if isinstance(prompt, torch.Tensor):
+        if prompt.dtype.is_floating_point or prompt.dtype == torch.bool or prompt.dim() != 1:
+            raise TypeError(f"{name} must be a 1-D integer tensor or a list of ints, got "
+                            f"{prompt.dtype} of shape {tuple(prompt.shape)}")
+        tokens = prompt.tolist()
+    else:
+        tokens = [_index(t, name) for t in _sequence(prompt, name)]
+    if tokens and not 0 <= min(tokens) <= max(tokens) < vocab_size:
+        bad = next(t for t in tokens if not 0 <= t < vocab_size)
+        raise ValueError(f"{name} holds token {bad}, outside [0, {vocab_size})")
+    return tokens
+
+
+def _int_tensor(t, name: str, device: torch.device, *, dtypes=(torch.int32,)) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must be {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, but this backend's config.device is {device}")
+    return t
+
+
+def check_batch_info(config: SamplingBackendConfig, device: torch.device,
+                     info: SamplingBatchInfo, bs: int) -> None:
+    if not isinstance(info, SamplingBatchInfo):
+        raise TypeError(f"sampling_info must be a SamplingBatchInfo, got {type(info).__name__}")
+    if isinstance(info.vocab_size, bool) or info.vocab_size != config.vocab_size:
+        raise ValueError(f"sampling_info.vocab_size={info.vocab_size!r} differs from "
+                         f"config.vocab_size={config.vocab_size}")
+    try:
+        info_device = torch.device(info.device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"sampling_info.device={info.device!r} is not a torch device") from None
+    if info_device.type != device.type or (info_device.index is not None
+                                           and info_device.index != device.index):
+        raise ValueError(f"sampling_info.device={info.device!r} differs from this backend's "
+                         f"config.device {device}")
+    pool = _int_tensor(info.req_pool_indices, "req_pool_indices", device)
+    if pool.dim() != 1 or pool.size(0) < bs:
+        raise ValueError(f"req_pool_indices must be 1-D with at least {bs} entries, got shape "
+                         f"{tuple(pool.shape)}")
+    lengths = _int_tensor(info.valid_cache_lengths, "valid_cache_lengths", device)
+    if lengths.dim() != 1 or lengths.size(0) < config.pool_rows:
+        raise ValueError(f"valid_cache_lengths must be 1-D with one entry per pool row "
+                         f"({config.pool_rows}), got shape {tuple(lengths.shape)}")
+
+
+def check_candidates(candidates, device: torch.device, max_n: int) -> torch.Tensor:
+    """candidates as a contiguous int32 [bs, n] tensor (int64 is narrowed: ids fit int32)."""
+    candidates = _int_tensor(candidates, "candidates", device, dtypes=(torch.int32, torch.int64))
+    if candidates.dim() != 2 or candidates.size(1) < 1:
+        raise ValueError(f"candidates must be [bs, n] with n >= 1, got shape "
+                         f"{tuple(candidates.shape)}")
+    if candidates.size(1) > max_n:
+        raise ValueError(f"candidates has {candidates.size(1)} tokens per request, more than "
+                         f"max_draft_tokens_per_req={max_n}")
+    if candidates.dtype == torch.int64:
+        # Ids outside int32 cannot be tokens; saturate so they stay outside [0, V) (rejected).
+        candidates = candidates.clamp(-2**31, 2**31 - 1).to(torch.int32)
+    return candidates.contiguous()
+
+
+def check_draft_probs(draft_probs, device: torch.device, bs: int, n: int, vocab: int) -> None:
+    if not isinstance(draft_probs, torch.Tensor):
+        raise TypeError(f"draft_probs must be a tensor, got {type(draft_probs).__name__}")
+    if draft_probs.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"draft_probs must be float32, float16 or bfloat16, got {draft_probs.dtype}")
+    if tuple(draft_probs.shape) != (bs, n - 1, vocab):
+        raise ValueError(f"draft_probs must be [bs, n-1, V] = [{bs}, {n - 1}, {vocab}], got "
+                         f"{tuple(draft_probs.shape)}")
+    if draft_probs.device != device:
+        raise ValueError(f"draft_probs is on {draft_probs.device}, but this backend's "
+                         f"config.device is {device}")
