@@ -28,7 +28,7 @@ V = 100
 
 # Run in the fresh venv: sample one token with the installed wheel.
 CHILD = """
-import json, shutil, sys
+import json, shutil
 import torch, tokensampler as ts
 compilers = {c: shutil.which(c) for c in ("gcc", "g++", "cc", "c++", "nvcc")}
 cfg = ts.SamplingBackendConfig(max_bs=1, max_draft_tokens_per_req=1, max_req_pool_size=2,
