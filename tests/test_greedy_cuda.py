@@ -13,9 +13,10 @@ def backend(V, bs=8):
         max_bs=bs, max_draft_tokens_per_req=4, max_req_pool_size=bs, vocab_size=V, device="cuda"))
 
 
-def info(bs, V):
+def info(bs, V, pool=8):
+    """Slots 1..bs of a backend whose pool has `pool` slots (valid_cache_lengths: pool + 1)."""
     return ts.SamplingBatchInfo(torch.arange(1, bs + 1, dtype=torch.int32, device="cuda"),
-                                torch.zeros(bs + 1, dtype=torch.int32, device="cuda"), V, "cuda")
+                                torch.zeros(pool + 1, dtype=torch.int32, device="cuda"), V, "cuda")
 
 
 @pytest.mark.parametrize("V", [1, 7, 1000, 50257, 151936])

@@ -59,7 +59,7 @@ def sample_rows_cases(device):
         bs = 4
         rows = bs * n
         candidates = None if n == 1 else _int32([[0, 5]] * bs, device)
-        workspace = torch.empty(_C.sample_rows_workspace_bytes(rows), dtype=torch.uint8,
+        workspace = torch.zeros(_C.sample_rows_workspace_bytes(rows), dtype=torch.uint8,
                                 device=device)
         yield (_logits(rows, device, requires_grad=requires_grad), _int32([1, 2, 3, 4], device),
                lengths, table, mgr.history_capacity, mgr.bias_capacity, n, candidates, True, mode,

@@ -30,7 +30,7 @@ LOGITS = {
 }
 
 
-def _compare(params_of_row, logits, name="gumbel", prompts=None):
+def _compare(params_of_row, logits, name="gumbel_full", prompts=None):
     bs, V = logits.size(0), logits.size(1)
     cpu, gpu = backends(V, bs, name=name, enable_output_logprobs=True)
     sps = [params_of_row(i) for i in range(bs)]

@@ -42,10 +42,12 @@ __device__ __forceinline__ uint32_t slot_key(const Candidate& c) {
 
 // Block-wide sum; one barrier per call. `red` holds 2 * kThreads / 32 ints and `parity` alternates
 // between its halves, so a call never overwrites what a slower thread may still read.
+// kThreads == 32: a warp-wide sum of warp 0 alone (no shared memory, no barrier).
 template <int kThreads>
 __device__ __forceinline__ int32_t block_count(int32_t c, int32_t* red, int& parity) {
   constexpr int kWarps = kThreads / 32;
   c = __reduce_add_sync(0xffffffffu, c);
+  if constexpr (kThreads == 32) return c;  // one warp (warp 0) on its own: no barrier
   int32_t* half = red + parity * kWarps;
   if ((threadIdx.x & 31) == 0) half[threadIdx.x >> 5] = c;
   __syncthreads();
@@ -99,36 +101,86 @@ __device__ __noinline__ Cut select_cut(const Candidate* buf, int n, int k, int32
   return Cut{key, id};
 }
 
-// Keeps the exact top-k of buf[0, n) and moves them to buf[0, k) (in no particular order).
-// Returns the new count, min(k, real candidates) when `real` is that count. Syncs.
-template <int kThreads, int kPerThread>
-__device__ __noinline__ int keep_top_k(Candidate* buf, int n, int k, int real, int32_t* red, int32_t* counter) {
-  if (real == 0) return 0;
-  if (real <= k && real == n) return n;
-  k = min(k, real);
+// A lower bound of the k-th largest of the threads' keys, to 16 key bits (16 barrier counts):
+// at least k threads hold a key at or above it. 0 when fewer than k threads hold a key >= 2^16.
+template <int kThreads>
+__device__ __forceinline__ uint32_t kth_key_lower_bound(uint32_t key, int k) {
+  uint32_t cut = 0;
+  for (int bit = 31; bit >= 16; --bit) {
+    const uint32_t trial = cut | (1u << bit);
+    if (__syncthreads_count(key >= trial) >= k) cut = trial;
+  }
+  return cut;
+}
+
+constexpr int kWarpSelectMax = 256;  // candidates that one warp selects from (8 per lane)
+
+// Moves the candidates of buf[0, n) that `keep` admits to buf[0, count) (order not kept), one
+// warp-aggregated atomic per warp and slot round; returns count. Syncs. `counter` is reset here,
+// so a barrier must separate this call from any earlier read of it (keep_top_k has one).
+template <int kThreads, int kPerThread, typename Keep>
+__device__ __forceinline__ int compact_candidates(Candidate* buf, int n, Keep keep, int32_t* counter) {
   if (threadIdx.x == 0) *counter = 0;
-  const Cut cut = select_cut<kThreads>(buf, n, k, red);
   Candidate mine[kPerThread];
-  bool keep[kPerThread];
+  bool take[kPerThread];
 #pragma unroll 1
   for (int j = 0; j < kPerThread; ++j) {
     const int e = static_cast<int>(threadIdx.x) + j * kThreads;
     mine[j] = e < n ? buf[e] : Candidate{kNegInf, kNoId};
-    keep[j] = e < n && kept_by(cut, mine[j]);
+    take[j] = e < n && keep(mine[j]);
   }
   __syncthreads();  // every read of buf before the first write
   const int lane = threadIdx.x & 31;
 #pragma unroll 1
   for (int j = 0; j < kPerThread; ++j) {
-    const uint32_t mask = __ballot_sync(0xffffffffu, keep[j]);
+    const uint32_t mask = __ballot_sync(0xffffffffu, take[j]);
     if (mask == 0) continue;
     const int leader = __ffs(mask) - 1;
     int32_t base = 0;
     if (lane == leader) base = atomicAdd(counter, __popc(mask));
     base = __shfl_sync(0xffffffffu, base, leader);
-    if (keep[j]) buf[base + __popc(mask & ((1u << lane) - 1u))] = mine[j];
+    if (take[j]) buf[base + __popc(mask & ((1u << lane) - 1u))] = mine[j];
   }
   __syncthreads();
+  return *counter;
+}
+
+// Keeps the exact top-k of buf[0, n) and moves them to buf[0, k) (in no particular order).
+// Returns the new count, min(k, real candidates) when `real` is that count. Syncs.
+// Work saving (same cut, so the same tokens): when k <= kThreads and n is large, the candidates
+// below the k-th largest of the threads' maxima (a lower bound of the k-th key) are dropped
+// first; a set of at most kWarpSelectMax is then cut by warp 0 alone, without a block barrier per
+// bisection step.
+template <int kThreads, int kPerThread>
+__device__ __noinline__ int keep_top_k(Candidate* buf, int n, int k, int real, int32_t* red, int32_t* counter) {
+  if (real == 0) return 0;
+  if (real <= k && real == n) return n;
+  k = min(k, real);
+  if (k <= kThreads && n > kWarpSelectMax) {
+    uint32_t thread_max = 0;
+    for (int e = threadIdx.x; e < n; e += kThreads) thread_max = max(thread_max, slot_key(buf[e]));
+    const uint32_t low = kth_key_lower_bound<kThreads>(thread_max, k);
+    if (low > 0) {  // holes (key 0) go too; at least k real candidates stay
+      n = compact_candidates<kThreads, kPerThread>(
+          buf, n, [&](const Candidate& c) { return slot_key(c) >= low; }, counter);
+      if (n == k) return k;
+    }
+  }
+  Cut cut{0u, 0};
+  if (n <= kWarpSelectMax) {
+    if (threadIdx.x < 32) cut = select_cut<32>(buf, n, k, red);  // red unused by one warp
+    __syncthreads();  // every earlier read of red and of `counter` done
+    if (threadIdx.x == 0) {
+      red[0] = static_cast<int32_t>(cut.key);
+      red[1] = cut.id;
+    }
+    __syncthreads();
+    cut = Cut{static_cast<uint32_t>(red[0]), red[1]};
+  } else {
+    cut = select_cut<kThreads>(buf, n, k, red);
+  }
+  compact_candidates<kThreads, kPerThread>(buf, n, [&](const Candidate& c) { return kept_by(cut, c); },
+                                           counter);
   return k;
 }
 

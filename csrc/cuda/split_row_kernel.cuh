@@ -14,11 +14,21 @@
 //     shared-memory buffer; when it holds more than kCompactAt, an exact select (block_select.cuh)
 //     cuts it back to k and raises the threshold. The first round's threshold is the k-th
 //     largest of the threads' maxima, so even the first round admits few.
-// Kernel 2 (finish): one block per row merges the chunks (one chunk per thread): argmax / best
-// score, or the exact top-k of the chunks' candidates, sorted (bitonic, <= 512 entries) only
-// when top-p or +inf logits need the rank order; top-p as a sequential fp32 sum in rank order
-// (as the CPU reference), min-p, and Gumbel-max over the kept candidates. Every score is
-// computed with the helpers of the CPU kernels, so tokens are identical.
+// Finishing a row (finish_row): one block merges the row's chunks: argmax / best score, or the
+// exact top-k of the chunks' candidates (block_select.cuh: candidates below the k-th largest of
+// the threads' maxima dropped first, then one warp bisects the few left), sorted (bitonic, <= 512
+// entries) only when top-p or +inf logits need the rank order; top-p as a sequential fp32 sum in
+// rank order (as the CPU reference), min-p, and Gumbel-max over the kept candidates. Every score
+// is computed with the helpers of the CPU kernels, so tokens are identical.
+// Two launches of it (split_row_sample.cu picks by the step's rows):
+//   - single launch, small steps: chunk_kernel<T, true>. Each block, after writing its chunk's
+//     results, takes a ticket of its row (an atomic counter in the workspace, after a
+//     __threadfence); the block that draws the last one reads the others' results through L2,
+//     finishes the row in its own shared memory and resets the ticket to zero, so the next
+//     launch and every CUDA-graph replay find it zero (workspace.h states the invariant). No
+//     block ever waits for another. Rows without top-k take up to kFusedMaxSplits chunks here.
+//   - two launches, larger steps: chunk_kernel<T, false>, then finish_kernel (one block per row),
+//     launched with programmatic dependent launch.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -40,8 +50,20 @@ constexpr int kSplitMaxTopK = 512;
 constexpr int kCompactAt = 512;                        // buffer entries that trigger a cut to k
 constexpr int kBufferCap = kCompactAt + kRoundTokens;  // room for one more round
 constexpr int kMergeCap = 4096;                        // finish kernel: splits * k_cap at most
-constexpr int kMaxSplits = 64;
+constexpr int kMaxSplits = 64;        // two-kernel launch, and top-k rows of the single launch
+constexpr int kFusedMaxSplits = 256;  // single launch, rows without top-k: fill the GPU at bs 1
+static_assert(kBufferCap - kMergeCap >= kSplitMaxTopK,
+              "the single launch's finishing block keeps top-p masses behind its merge buffer");
 constexpr float kLn2 = 0.693147180559945f;
+
+// Programmatic dependent launch: a kernel launched with the programmatic-serialization attribute
+// may start before the kernel ahead of it in the stream has finished; it waits here, before its
+// first global-memory access, for that grid to complete and flush. A no-op otherwise.
+__device__ __forceinline__ void wait_for_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 __device__ __forceinline__ Candidate best_of(Candidate a, Candidate b) { return before(b, a) ? b : a; }
 
@@ -64,6 +86,40 @@ __device__ __forceinline__ Candidate block_best(Candidate c, Candidate* scratch)
   __syncthreads();
   c = lane < kThreads / 32 ? scratch[lane] : Candidate{kNegInf, kNoId};
   return warp_best(c);
+}
+
+// The exact per-block / per-row partials every split-row kernel merges: three (value, id) maxima
+// (a total order, so any merge order gives the same result) and two integer counts.
+struct Partial {
+  Candidate argmax;    // of the processed logits (greedy rows)
+  Candidate best;      // best z + G over finite tokens (no-filter rows)
+  Candidate inf_best;  // best G over +inf tokens
+  int32_t inf_count;
+  int32_t kept;        // top-k candidates
+};
+
+__device__ __forceinline__ Partial warp_partial(Partial v) {
+  v.argmax = warp_best(v.argmax);
+  v.best = warp_best(v.best);
+  v.inf_best = warp_best(v.inf_best);
+  v.inf_count = __reduce_add_sync(0xffffffffu, v.inf_count);
+  v.kept = __reduce_add_sync(0xffffffffu, v.kept);
+  return v;
+}
+
+// Block-wide merge of the partials in one exchange (two barriers, instead of two per maximum and
+// one per count); every thread gets it. `scratch` holds one Partial per warp.
+template <int kThreads>
+__device__ __forceinline__ Partial block_partial(Partial v, Partial* scratch) {
+  static_assert(kThreads / 32 <= 32);
+  v = warp_partial(v);
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();  // earlier readers of scratch are done
+  if (lane == 0) scratch[w] = v;
+  __syncthreads();
+  const Candidate hole{kNegInf, kNoId};
+  v = lane < kThreads / 32 ? scratch[lane] : Partial{hole, hole, hole, 0, 0};
+  return warp_partial(v);
 }
 
 // Online (max, sum exp(x - max)) of finite values.
@@ -125,8 +181,25 @@ struct ChunkResult {
   Candidate inf_best;    // best G over +inf tokens
   float raw_max, raw_sum;
   int32_t inf_count;
-  int32_t kept;          // candidates written (top-k rows)
+  int32_t kept;          // real candidates (top-k rows); the chunk's k_cap slots past them are holes
 };
+
+// A chunk's result as another block of the same kernel wrote it: read from L2 (ld.cg), never
+// from this SM's L1, which does not see other SMs' writes. 8-byte aligned (sections are).
+__device__ __forceinline__ ChunkResult load_result(const ChunkResult* at) {
+  static_assert(sizeof(ChunkResult) % 8 == 0);
+  ChunkResult c;
+  const int2* src = reinterpret_cast<const int2*>(at);
+  int2* dst = reinterpret_cast<int2*>(&c);
+#pragma unroll
+  for (int q = 0; q < static_cast<int>(sizeof(ChunkResult) / 8); ++q) dst[q] = __ldcg(src + q);
+  return c;
+}
+
+__device__ __forceinline__ Candidate load_candidate(const Candidate* at) {
+  const int2 v = __ldcg(reinterpret_cast<const int2*>(at));
+  return Candidate{__int_as_float(v.x), v.y};
+}
 
 struct Args {
   int64_t row_stride;
@@ -145,6 +218,9 @@ struct Args {
   bool want_raw;
   ChunkResult* results;
   Candidate* chunk_candidates;
+  // Single launch only: one ticket per row, zero before the launch and zero again after it (the
+  // row's finishing block resets its own), so CUDA-graph replays find them zero. See workspace.h.
+  uint32_t* tickets;
   int32_t* out_tokens;
   bool* out_invalid;
   float* out_logprobs;
@@ -212,12 +288,7 @@ __device__ __forceinline__ void load4(const T* row, int32_t i, int32_t end, floa
 // at least k values reach it), to 16 key bits; -inf when fewer than k threads have a value.
 template <int kThreads>
 __device__ __forceinline__ float kth_thread_max(float v, int k) {
-  const uint32_t key = v == kNegInf ? 0u : rank_key(v);
-  uint32_t cut = 0;
-  for (int bit = 31; bit >= 16; --bit) {
-    const uint32_t trial = cut | (1u << bit);
-    if (__syncthreads_count(key >= trial) >= k) cut = trial;
-  }
+  const uint32_t cut = kth_key_lower_bound<kThreads>(v == kNegInf ? 0u : rank_key(v), k);
   return cut == 0 ? kNegInf : key_to_z(cut);
 }
 
@@ -290,24 +361,167 @@ __device__ __forceinline__ void append_candidate(bool take, Candidate c, Candida
   }
 }
 
-template <typename T>
+// Gumbel-max over the first m candidates of buf, in rank order (sorted when z_max is +inf or
+// top-p is on): +inf rows sample uniformly among their +inf tokens (top-p keeps the first
+// ceil(p * m_inf)); otherwise top-p as a sequential fp32 sum in rank order (as the CPU
+// reference), then min-p. `mass` holds m floats.
+template <int kThreads>
+__device__ int32_t sample_ranked_prefix(const Candidate* buf, int m, const RowParams& p, float z_max,
+                                        float* mass, int32_t* keep_count, Candidate* scratch) {
+  if (z_max == INFINITY) {
+    if (threadIdx.x == 0) {
+      int m_inf = 0;
+      while (m_inf < m && buf[m_inf].z == INFINITY) ++m_inf;
+      int keep = 0;
+      while (keep < m_inf && static_cast<float>(keep) / static_cast<float>(m_inf) < p.top_p) ++keep;
+      *keep_count = max(keep, 1);
+    }
+    __syncthreads();
+    Candidate c{kNegInf, kNoId};
+    for (int j = threadIdx.x; j < *keep_count; j += kThreads)
+      c = best_of(c, Candidate{gumbel_noise(p.seed, p.position, buf[j].id, kStreamGumbel), buf[j].id});
+    return block_best<kThreads>(c, scratch).id;
+  }
+  if (p.top_p < 1.0f) {
+    for (int j = threadIdx.x; j < m; j += kThreads) mass[j] = expf(f_sub(buf[j].z, z_max));
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float total_mass = 0.0f;
+      for (int j = 0; j < m; ++j) total_mass = f_add(total_mass, mass[j]);
+      const float limit = f_mul(p.top_p, total_mass);
+      float before_mass = 0.0f;
+      int keep = 0;
+      while (keep < m && before_mass < limit) before_mass = f_add(before_mass, mass[keep++]);
+      *keep_count = max(keep, 1);
+    }
+  } else if (threadIdx.x == 0) {
+    *keep_count = m;
+  }
+  __syncthreads();
+  const float cut = min_p_threshold(z_max, p.min_p);
+  Candidate c{kNegInf, kNoId};
+  for (int j = threadIdx.x; j < *keep_count; j += kThreads) {
+    if (buf[j].z < cut) continue;
+    const float score = f_add(buf[j].z, gumbel_noise(p.seed, p.position, buf[j].id, kStreamGumbel));
+    c = best_of(c, Candidate{score, buf[j].id});
+  }
+  return block_best<kThreads>(c, scratch).id;
+}
+
+// Raw log-softmax of a sanitised logit, from the row's +inf count and raw (max, sum-exp).
+__device__ __forceinline__ float raw_logprob(float raw, int32_t inf_count, float raw_m, float raw_s) {
+  if (inf_count > 0) return raw == INFINITY ? -logf(static_cast<float>(inf_count)) : kNegInf;
+  if (raw_m == kNegInf) return kNegInf;
+  return static_cast<float>(double(raw) - double(raw_m) - log(double(raw_s)));
+}
+
+// Shared memory the finishing block works in (the finish kernel's own, or the chunk kernel's in
+// the single launch).
+struct FinishSmem {
+  Candidate* buf;       // kMergeCap entries (top-k steps only)
+  float* mass;          // kSplitMaxTopK floats (top-k steps only)
+  Candidate* scratch;   // kThreads / 32
+  Partial* partials;    // kThreads / 32
+  float* red_m;         // kThreads / 32
+  float* red_s;         // kThreads / 32
+  int32_t* red_count;   // 2 * kThreads / 32
+  int32_t* keep_count;
+  int32_t* counter;
+};
+
+// Finishes row r (valid slot) from its chunks' results, with all kThreads threads of the block:
+// argmax / best score, or the exact top-k of the chunks' candidates, sorted (bitonic, <= 512
+// entries) only when top-p or +inf logits need the rank order; then sample_ranked_prefix. Writes
+// the row's token, invalid flag and raw logprob. Chunk results are read through L2 (another
+// block of the same grid may have written them).
+template <int kThreads, typename T>
+__device__ __forceinline__ void finish_row(const T* __restrict__ logits, const Args& a, int64_t r,
+                                           const RowParams& p, const FinishSmem& sm) {
+  Candidate argmax{kNegInf, kNoId}, best{kNegInf, kNoId}, inf_best{kNegInf, kNoId};
+  float raw_m = kNegInf, raw_s = 0.0f;
+  int32_t inf_count = 0, kept = 0;
+  for (int s = threadIdx.x; s < a.splits; s += kThreads) {
+    const ChunkResult c = load_result(a.results + r * a.splits + s);
+    argmax = best_of(argmax, c.argmax);
+    best = best_of(best, c.best);
+    inf_best = best_of(inf_best, c.inf_best);
+    merge_lse(raw_m, raw_s, c.raw_max, c.raw_sum);
+    inf_count += c.inf_count;
+    kept += c.kept;
+  }
+  const Partial row = block_partial<kThreads>(Partial{argmax, best, inf_best, inf_count, kept}, sm.partials);
+  argmax = row.argmax;
+  best = row.best;
+  inf_best = row.inf_best;
+  inf_count = row.inf_count;
+  const int total = row.kept;
+  if (a.want_raw) block_merge_lse<kThreads>(raw_m, raw_s, sm.red_m, sm.red_s);
+
+  const bool invalid = argmax.z == kNegInf;
+  int32_t token = 0;
+  if (invalid) {
+    token = 0;
+  } else if (p.greedy) {
+    token = argmax.id;
+  } else if (!p.top_k_on || a.k_cap == 0) {  // k_cap 0: a step whose route has no top-k (the
+    token = inf_count > 0 ? inf_best.id : best.id;  // chunks scored every row without it)
+  } else {
+    // The chunks' k_cap slots each (holes past a chunk's real candidates), then the row's exact
+    // top-k set (m candidates) at buf[0, m).
+    const int slots = a.splits * a.k_cap;
+    const Candidate* src = a.chunk_candidates + r * slots;
+    for (int e = threadIdx.x; e < slots; e += kThreads) sm.buf[e] = load_candidate(src + e);
+    __syncthreads();
+    const int m = keep_top_k<kThreads, kMergeCap / kThreads>(sm.buf, slots, p.top_k, total,
+                                                            sm.red_count, sm.counter);
+    Candidate top{kNegInf, kNoId};
+    for (int e = threadIdx.x; e < m; e += kThreads) top = best_of(top, sm.buf[e]);
+    const float z_max = block_best<kThreads>(top, sm.scratch).z;
+    const bool ordered = z_max == INFINITY || p.top_p < 1.0f;
+    if (ordered) {  // rank order of the (<= 512) kept candidates
+      const int n = next_pow2(max(m, 1));
+      for (int e = m + threadIdx.x; e < n; e += kThreads) sm.buf[e] = Candidate{kNegInf, kNoId};
+      __syncthreads();
+      bitonic_sort<kThreads>(sm.buf, n);
+    }
+    token = sample_ranked_prefix<kThreads>(sm.buf, m, p, z_max, sm.mass, sm.keep_count, sm.scratch);
+  }
+  if (threadIdx.x == 0) {
+    a.out_tokens[r] = token;
+    a.out_invalid[r] = invalid;
+    if (a.out_logprobs != nullptr) {
+      const float raw = sanitize_logit(static_cast<float>(logits[r * a.row_stride + token]));
+      a.out_logprobs[r] = raw_logprob(raw, inf_count, raw_m, raw_s);
+    }
+  }
+}
+
+// kFused (the single launch): the last block of each row to finish its chunk (a per-row ticket)
+// finishes the row itself, so a step is one kernel.
+template <typename T, bool kFused>
 __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __restrict__ logits, Args a) {
   // Dynamic shared memory: [penalty bitmap, if penalties][candidate buffer, if top-k rows].
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   __shared__ Candidate scratch[kChunkThreads / 32];
+  __shared__ Partial partials[kChunkThreads / 32];
   __shared__ float red_m[kChunkThreads / 32], red_s[kChunkThreads / 32];
-  __shared__ int32_t red_n[kChunkThreads / 32];
   __shared__ int32_t red_count[2 * kChunkThreads / 32];
-  __shared__ int32_t buf_count, compact_counter;
+  __shared__ int32_t buf_count, compact_counter, keep_count;
   __shared__ float threshold;
+  __shared__ bool finishes_row;
 
   const int64_t r = blockIdx.x / a.splits;
   const int32_t split = blockIdx.x % a.splits;
   const int32_t begin = split * a.chunk_len;
   const int32_t end = min(a.vocab, begin + a.chunk_len);
+  wait_for_prior_grids();
   const RowParams p = row_params(a, r);
   ChunkResult* out = a.results + blockIdx.x;
-  if (!p.valid_slot) return;  // the finish kernel flags the row without reading chunks
+  if (!p.valid_slot) {  // the finishing code flags the row without reading chunks
+    if (kFused && split == 0)
+      write_unreadable_row(r, a.out_tokens, a.out_invalid, a.out_logprobs, nullptr, nullptr, 0);
+    return;  // the whole block; this row's ticket is never taken
+  }
   const T* row = logits + r * a.row_stride;
   const bool top_k_rows = !p.greedy && p.top_k_on && a.k_cap > 0;
   const int32_t k = min(p.top_k, a.k_cap);
@@ -414,95 +628,57 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
   }
 
   // Block reductions of the per-thread results.
-  argmax = block_best<kChunkThreads>(argmax, scratch);
-  best = block_best<kChunkThreads>(best, scratch);
-  inf_best = block_best<kChunkThreads>(inf_best, scratch);
+  const Partial chunk = block_partial<kChunkThreads>(Partial{argmax, best, inf_best, inf_count, 0}, partials);
   warp_merge_lse(raw_m, raw_s);
-  inf_count = __reduce_add_sync(0xffffffffu, inf_count);
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (lane == 0) {
     red_m[w] = raw_m;
     red_s[w] = raw_s;
-    red_n[w] = inf_count;
   }
   if (top_k_rows) {  // exactly the chunk's k best, in no particular order
     const int held = buf_count;
     const int kept = keep_top_k<kChunkThreads, kBufferCap / kChunkThreads>(
         buf, held, k, held, red_count, &compact_counter);
     Candidate* dst = a.chunk_candidates + int64_t{blockIdx.x} * a.k_cap;
-    for (int e = threadIdx.x; e < kept; e += kChunkThreads) dst[e] = buf[e];
+    for (int e = threadIdx.x; e < a.k_cap; e += kChunkThreads)
+      dst[e] = e < kept ? buf[e] : Candidate{kNegInf, kNoId};  // holes: the finisher copies slots
     if (threadIdx.x == 0) out->kept = kept;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
     float m = kNegInf, s = 0.0f;
-    int32_t n = 0;
-    for (int j = 0; j < kChunkThreads / 32; ++j) {
-      merge_lse(m, s, red_m[j], red_s[j]);
-      n += red_n[j];
-    }
-    out->argmax = argmax;
-    out->best = best;
-    out->inf_best = inf_best;
+    for (int j = 0; j < kChunkThreads / 32; ++j) merge_lse(m, s, red_m[j], red_s[j]);
+    out->argmax = chunk.argmax;
+    out->best = chunk.best;
+    out->inf_best = chunk.inf_best;
     out->raw_max = m;
     out->raw_sum = s;
-    out->inf_count = n;
+    out->inf_count = chunk.inf_count;
     if (!top_k_rows) out->kept = 0;
   }
-}
-
-// Gumbel-max over the first m candidates of buf, in rank order (sorted when z_max is +inf or
-// top-p is on): +inf rows sample uniformly among their +inf tokens (top-p keeps the first
-// ceil(p * m_inf)); otherwise top-p as a sequential fp32 sum in rank order (as the CPU
-// reference), then min-p. `mass` holds m floats.
-template <int kThreads>
-__device__ int32_t sample_ranked_prefix(const Candidate* buf, int m, const RowParams& p, float z_max,
-                                        float* mass, int32_t* keep_count, Candidate* scratch) {
-  if (z_max == INFINITY) {
-    if (threadIdx.x == 0) {
-      int m_inf = 0;
-      while (m_inf < m && buf[m_inf].z == INFINITY) ++m_inf;
-      int keep = 0;
-      while (keep < m_inf && static_cast<float>(keep) / static_cast<float>(m_inf) < p.top_p) ++keep;
-      *keep_count = max(keep, 1);
-    }
-    __syncthreads();
-    Candidate c{kNegInf, kNoId};
-    for (int j = threadIdx.x; j < *keep_count; j += kThreads)
-      c = best_of(c, Candidate{gumbel_noise(p.seed, p.position, buf[j].id, kStreamGumbel), buf[j].id});
-    return block_best<kThreads>(c, scratch).id;
-  }
-  if (p.top_p < 1.0f) {
-    for (int j = threadIdx.x; j < m; j += kThreads) mass[j] = expf(f_sub(buf[j].z, z_max));
+  if constexpr (kFused) {
+    // Release this chunk's writes (every thread's), then take the row's ticket; the block that
+    // draws the last one acquires the others' writes and finishes the row. It resets the ticket:
+    // no other block of this launch touches it again, and the next launch (or replay) starts
+    // after this one ends.
+    __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-      float total_mass = 0.0f;
-      for (int j = 0; j < m; ++j) total_mass = f_add(total_mass, mass[j]);
-      const float limit = f_mul(p.top_p, total_mass);
-      float before_mass = 0.0f;
-      int keep = 0;
-      while (keep < m && before_mass < limit) before_mass = f_add(before_mass, mass[keep++]);
-      *keep_count = max(keep, 1);
+      const uint32_t ticket = atomicAdd(a.tickets + r, 1u);
+      finishes_row = ticket == static_cast<uint32_t>(a.splits - 1);
+      if (finishes_row) {
+        a.tickets[r] = 0u;
+        __threadfence();
+      }
     }
-  } else if (threadIdx.x == 0) {
-    *keep_count = m;
+    __syncthreads();
+    if (!finishes_row) return;
+    __threadfence();
+    // The chunk buffer (top-k steps) becomes the merge buffer; top-p masses live behind it.
+    const FinishSmem sm{buf, reinterpret_cast<float*>(buf + kMergeCap), scratch, partials,
+                        red_m, red_s, red_count, &keep_count, &compact_counter};
+    finish_row<kChunkThreads>(logits, a, r, row_params(a, r), sm);  // reloaded: fewer live registers
   }
-  __syncthreads();
-  const float cut = min_p_threshold(z_max, p.min_p);
-  Candidate c{kNegInf, kNoId};
-  for (int j = threadIdx.x; j < *keep_count; j += kThreads) {
-    if (buf[j].z < cut) continue;
-    const float score = f_add(buf[j].z, gumbel_noise(p.seed, p.position, buf[j].id, kStreamGumbel));
-    c = best_of(c, Candidate{score, buf[j].id});
-  }
-  return block_best<kThreads>(c, scratch).id;
-}
-
-// Raw log-softmax of a sanitised logit, from the row's +inf count and raw (max, sum-exp).
-__device__ __forceinline__ float raw_logprob(float raw, int32_t inf_count, float raw_m, float raw_s) {
-  if (inf_count > 0) return raw == INFINITY ? -logf(static_cast<float>(inf_count)) : kNegInf;
-  if (raw_m == kNegInf) return kNegInf;
-  return static_cast<float>(double(raw) - double(raw_m) - log(double(raw_s)));
 }
 
 template <typename T>
@@ -510,80 +686,20 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
   __shared__ Candidate buf[kMergeCap];
   __shared__ float mass[kSplitMaxTopK];
   __shared__ Candidate scratch[kFinishThreads / 32];
+  __shared__ Partial partials[kFinishThreads / 32];
   __shared__ float red_m[kFinishThreads / 32], red_s[kFinishThreads / 32];
   __shared__ int32_t red_count[2 * kFinishThreads / 32];
-  __shared__ int32_t kept_of[kMaxSplits];
   __shared__ int32_t keep_count, counter;
 
+  wait_for_prior_grids();
   const int64_t r = blockIdx.x;
   const RowParams p = row_params(a, r);
   if (!p.valid_slot) {
     write_unreadable_row(r, a.out_tokens, a.out_invalid, a.out_logprobs, nullptr, nullptr, 0);
     return;
   }
-  // One chunk per thread, then block reductions.
-  Candidate argmax{kNegInf, kNoId}, best{kNegInf, kNoId}, inf_best{kNegInf, kNoId};
-  float raw_m = kNegInf, raw_s = 0.0f;
-  int32_t inf_count = 0, kept = 0;
-  if (threadIdx.x < a.splits) {
-    const ChunkResult c = a.results[r * a.splits + threadIdx.x];
-    argmax = c.argmax;
-    best = c.best;
-    inf_best = c.inf_best;
-    raw_m = c.raw_max;
-    raw_s = c.raw_sum;
-    inf_count = c.inf_count;
-    kept = c.kept;
-    kept_of[threadIdx.x] = kept;
-  }
-  argmax = block_best<kFinishThreads>(argmax, scratch);
-  best = block_best<kFinishThreads>(best, scratch);
-  inf_best = block_best<kFinishThreads>(inf_best, scratch);
-  int parity = 0;
-  inf_count = block_count<kFinishThreads>(inf_count, red_count, parity);
-  const int total = block_count<kFinishThreads>(kept, red_count, parity);
-  if (a.want_raw) block_merge_lse<kFinishThreads>(raw_m, raw_s, red_m, red_s);
-
-  const bool invalid = argmax.z == kNegInf;
-  int32_t token = 0;
-  if (invalid) {
-    token = 0;
-  } else if (p.greedy) {
-    token = argmax.id;
-  } else if (!p.top_k_on) {
-    token = inf_count > 0 ? inf_best.id : best.id;
-  } else {
-    // The chunks' candidates with holes where a chunk kept fewer than k_cap, then the row's
-    // exact top-k set (m candidates) at buf[0, m).
-    const int slots = a.splits * a.k_cap;
-    const Candidate* src = a.chunk_candidates + r * slots;
-    for (int e = threadIdx.x; e < slots; e += kFinishThreads) {
-      const int s = e / a.k_cap, j = e - s * a.k_cap;
-      buf[e] = j < kept_of[s] ? src[e] : Candidate{kNegInf, kNoId};
-    }
-    __syncthreads();
-    const int m = keep_top_k<kFinishThreads, kMergeCap / kFinishThreads>(buf, slots, p.top_k, total,
-                                                                        red_count, &counter);
-    Candidate top{kNegInf, kNoId};
-    for (int e = threadIdx.x; e < m; e += kFinishThreads) top = best_of(top, buf[e]);
-    const float z_max = block_best<kFinishThreads>(top, scratch).z;
-    const bool ordered = z_max == INFINITY || p.top_p < 1.0f;
-    if (ordered) {  // rank order of the (<= 512) kept candidates
-      const int n = next_pow2(max(m, 1));
-      for (int e = m + threadIdx.x; e < n; e += kFinishThreads) buf[e] = Candidate{kNegInf, kNoId};
-      __syncthreads();
-      bitonic_sort<kFinishThreads>(buf, n);
-    }
-    token = sample_ranked_prefix<kFinishThreads>(buf, m, p, z_max, mass, &keep_count, scratch);
-  }
-  if (threadIdx.x == 0) {
-    a.out_tokens[r] = token;
-    a.out_invalid[r] = invalid;
-    if (a.out_logprobs != nullptr) {
-      const float raw = sanitize_logit(static_cast<float>(logits[r * a.row_stride + token]));
-      a.out_logprobs[r] = raw_logprob(raw, inf_count, raw_m, raw_s);
-    }
-  }
+  const FinishSmem sm{buf, mass, scratch, partials, red_m, red_s, red_count, &keep_count, &counter};
+  finish_row<kFinishThreads>(logits, a, r, p, sm);
 }
 
 }  // namespace tokensampler::cuda::split_row

@@ -7,6 +7,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
 
 #include "sample_rows_paths.h"
 #include "split_row_kernel.cuh"
@@ -34,11 +37,12 @@ inline Args common_args(const SampleRowsCall& c) {
   return a;
 }
 
-// Cuts each row into a.splits chunks of a.chunk_len tokens: about one full wave of blocks
-// (8 per SM), at most max_splits, chunks of at least 1024 tokens starting 16-byte aligned.
-inline void set_chunks(Args& a, int64_t rows, int64_t max_splits) {
+// Cuts each row into a.splits chunks of a.chunk_len tokens: about blocks_per_sm blocks per SM
+// (8: two waves of the chunk kernel's 4 resident blocks), at most max_splits, chunks of at
+// least 1024 tokens starting 16-byte aligned.
+inline void set_chunks(Args& a, int64_t rows, int64_t max_splits, int blocks_per_sm = 8) {
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  int64_t splits = std::max<int64_t>(1, (8 * sms + rows - 1) / rows);
+  int64_t splits = std::max<int64_t>(1, (blocks_per_sm * sms + rows - 1) / rows);
   splits = std::min<int64_t>({splits, max_splits, std::max<int64_t>(1, a.vocab / 1024)});
   int32_t chunk_len = static_cast<int32_t>((a.vocab + splits - 1) / splits);
   chunk_len = (chunk_len + 3) / 4 * 4;
@@ -48,33 +52,72 @@ inline void set_chunks(Args& a, int64_t rows, int64_t max_splits) {
 
 // Consecutive sections of the given byte sizes, each workspace-aligned: carved from the call's
 // workspace, or (a caller without one) from the caching allocator. `storage` keeps that alive.
+// With `tickets` (the single launch), *tickets is set to the rows' zeroed tickets: the
+// workspace's ticket area (workspace.h: zero between launches), or a fresh zeroed area behind the
+// sections of an allocated scratch.
 template <int kSections>
 std::array<unsigned char*, kSections> workspace_sections(const SampleRowsCall& c,
                                                          const std::array<int64_t, kSections>& bytes,
-                                                         at::Tensor& storage) {
+                                                         at::Tensor& storage,
+                                                         uint32_t** tickets = nullptr) {
   static_assert(kSections <= kWorkspaceSections);
+  const int64_t rows = c.logits.size(0);
   int64_t total = 0;
   for (int64_t b : bytes) total += workspace_aligned(b);
+  int64_t ticket_at = 0;
   if (c.workspace) {
     const at::Tensor& w = *c.workspace;
     TORCH_CHECK_VALUE(w.scalar_type() == at::kByte && w.dim() == 1 && w.is_contiguous() &&
                           w.device() == c.logits.device(),
                       "workspace must be a contiguous 1-D uint8 tensor on ", c.logits.device(),
                       ", got ", w.scalar_type(), " ", w.sizes(), " on ", w.device());
-    TORCH_CHECK_VALUE(w.numel() >= total, "workspace holds ", w.numel(), " bytes; a step of ",
-                      c.logits.size(0), " rows needs ", total,
-                      " (_C.sample_rows_workspace_bytes(rows))");
+    const int64_t served = workspace_rows(w.numel());
+    TORCH_CHECK_VALUE(rows <= served && total <= ticket_offset(served), "workspace holds ",
+                      w.numel(), " bytes; a step of ", rows, " rows needs ",
+                      sample_rows_workspace_bytes(rows), " (_C.sample_rows_workspace_bytes(rows))");
     storage = w;
+    ticket_at = ticket_offset(served);
   } else {
-    storage = at::empty({total}, c.logits.options().dtype(at::kByte));
+    ticket_at = workspace_aligned(total);
+    storage = at::empty({ticket_at + (tickets ? 4 * rows : 0)}, c.logits.options().dtype(at::kByte));
   }
   std::array<unsigned char*, kSections> at{};
   auto* p = static_cast<unsigned char*>(storage.data_ptr());
+  if (tickets) {
+    *tickets = reinterpret_cast<uint32_t*>(p + ticket_at);
+    if (!c.workspace)
+      C10_CUDA_CHECK(cudaMemsetAsync(*tickets, 0, 4 * rows, at::cuda::getCurrentCUDAStream()));
+  }
   for (int s = 0; s < kSections; ++s) {
     at[s] = p;
     p += workspace_aligned(bytes[s]);
   }
   return at;
+}
+
+// Whether launches use programmatic dependent launch (default on; TOKENSAMPLER_PDL=0 turns it off).
+inline bool use_pdl() {
+  const char* v = std::getenv("TOKENSAMPLER_PDL");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+// Launches kernel<<<grid, threads, smem, stream>>>(args...), with the programmatic-serialization
+// attribute when `pdl`: the kernel may be scheduled while the one ahead of it in the stream
+// drains, and waits for it in wait_for_prior_grids() before touching global memory.
+template <typename... Params, typename... ArgTypes>
+void launch(void (*kernel)(Params...), int64_t grid, int threads, size_t smem, bool pdl,
+            ArgTypes&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = at::cuda::getCurrentCUDAStream();
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<ArgTypes>(args)...));
 }
 
 }  // namespace tokensampler::cuda::split_row

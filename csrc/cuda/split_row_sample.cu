@@ -8,6 +8,16 @@
 
 namespace tokensampler::cuda::split_row {
 
+// Steps of at most this many rows run as one kernel (chunk_kernel<T, true>); larger ones as the
+// chunk kernel then the finish kernel. TOKENSAMPLER_SPLIT_ROW_FUSED_ROWS overrides it (tests
+// and benchmarks run both launches at the same shapes; 0: always two kernels).
+constexpr int64_t kFusedMaxRows = 64;
+
+static int64_t fused_max_rows() {
+  const char* v = std::getenv("TOKENSAMPLER_SPLIT_ROW_FUSED_ROWS");
+  return v == nullptr ? kFusedMaxRows : std::strtoll(v, nullptr, 10);
+}
+
 bool try_sample(const SampleRowsCall& c) {
   const int64_t max_top_k = c.max_top_k;
   const bool no_filter = c.route == Route::kNoFilter;
@@ -22,30 +32,40 @@ bool try_sample(const SampleRowsCall& c) {
     k_cap = 1;
     while (k_cap < max_top_k) k_cap <<= 1;
   }
-  set_chunks(a, rows, top_k_family ? std::min(kMaxSplits, kMergeCap / k_cap) : kMaxSplits);
+  // Small steps run as one kernel (the last block of each row finishes it); rows without top-k
+  // then take up to kFusedMaxSplits chunks (one wave of 4 blocks per SM), so even one row fills
+  // the GPU: 148 chunks of 1028 tokens at V 151936, bs 1 (64 before).
+  const bool fused = rows <= fused_max_rows();
+  if (top_k_family) set_chunks(a, rows, std::min(kMaxSplits, kMergeCap / k_cap));
+  else if (fused) set_chunks(a, rows, kFusedMaxSplits, 4);
+  else set_chunks(a, rows, kMaxSplits);
   a.k_cap = k_cap;
 
   static_assert(kMaxSplits * sizeof(ChunkResult) + kMergeCap * sizeof(Candidate) <=
-                kWorkspaceBytesPerRow);  // splits * k_cap <= kMergeCap
+                kSectionBytesPerRow);  // splits * k_cap <= kMergeCap
+  static_assert(kFusedMaxSplits * sizeof(ChunkResult) <= kSectionBytesPerRow);
   at::Tensor storage;
   const auto sections = workspace_sections<2>(
       c, {rows * a.splits * int64_t{sizeof(ChunkResult)}, rows * a.splits * k_cap * int64_t{sizeof(Candidate)}},
-      storage);
+      storage, fused ? &a.tickets : nullptr);
   a.results = reinterpret_cast<ChunkResult*>(sections[0]);
   a.chunk_candidates = reinterpret_cast<Candidate*>(sections[1]);
   // Under 48 KiB in every case, so no opt-in attribute is needed.
   const size_t chunk_smem = (c.apply_penalties ? kPenaltyBitmapWords * sizeof(uint32_t) : 0) +
                             (top_k_family ? kBufferCap * sizeof(Candidate) : 0);
-  const auto stream = at::cuda::getCurrentCUDAStream();
-  auto launch = [&](auto tag) {
+  static_assert(kPenaltyBitmapWords * sizeof(uint32_t) + kBufferCap * sizeof(Candidate) <= 48 * 1024);
+  const bool pdl = use_pdl();
+  auto run = [&](auto tag) {
     using T = decltype(tag);
     const T* x = c.logits.data_ptr<T>();
-    chunk_kernel<T><<<rows * a.splits, kChunkThreads, chunk_smem, stream>>>(x, a);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    finish_kernel<T><<<rows, kFinishThreads, 0, stream>>>(x, a);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (fused) {
+      launch(chunk_kernel<T, true>, rows * a.splits, kChunkThreads, chunk_smem, pdl, x, a);
+    } else {
+      launch(chunk_kernel<T, false>, rows * a.splits, kChunkThreads, chunk_smem, pdl, x, a);
+      launch(finish_kernel<T>, rows, kFinishThreads, 0, pdl, x, a);
+    }
   };
-  dispatch_logits_dtype(c.logits.scalar_type(), launch);
+  dispatch_logits_dtype(c.logits.scalar_type(), run);
   return true;
 }
 

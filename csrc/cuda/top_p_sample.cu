@@ -23,7 +23,7 @@ bool try_sample(const SampleRowsCall& c) {
   // Chunk results, cut lists, histogram masses and counts, list lengths.
   static_assert(split_row::kMaxSplits * sizeof(ChunkResult) + kCutCap * sizeof(Candidate) +
                     kBins * (sizeof(unsigned long long) + sizeof(int32_t)) + sizeof(int32_t) <=
-                kWorkspaceBytesPerRow);
+                kSectionBytesPerRow);
   at::Tensor storage;
   const auto sections = split_row::workspace_sections<5>(
       c, {rows * a.splits * int64_t{sizeof(ChunkResult)}, rows * kCutCap * int64_t{sizeof(Candidate)},

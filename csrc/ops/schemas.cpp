@@ -116,8 +116,10 @@ TORCH_LIBRARY(tokensampler, m) {
   // route (a Route value, tokensampler/route.h, which must cover the filters the rows use) and
   // max_top_k (the step's largest top-k; 0: unknown) select a CUDA kernel; they never change
   // tokens. workspace: scratch of the CUDA multi-block paths (uint8,
-  // _C.sample_rows_workspace_bytes of the step's rows or more), allocated once by the caller;
-  // without it they allocate per step.
+  // _C.sample_rows_workspace_bytes of the step's rows or more), allocated once by the caller
+  // and ZEROED once (torch.zeros): it holds the single-launch kernel's per-row tickets, which
+  // every launch leaves at zero again. Without it they allocate (and zero the tickets) per
+  // step. One stream at a time.
   m.def(
       "sample_rows(Tensor logits, Tensor req_pool_indices, Tensor valid_cache_lengths, "
       "Tensor slot_table, int history_capacity, int bias_capacity, int tokens_per_req, "

@@ -9,6 +9,11 @@ import torch
 __all__ = ["SamplingBackendConfig", "DEFAULT_RANDOM_SEED", "LOGPROBS_MODES"]
 
 DEFAULT_RANDOM_SEED = 48
+MAX_BS = 1 << 16
+MAX_DRAFT_TOKENS = 1 << 10
+MAX_ROWS = 1 << 20
+MAX_POOL = 1 << 20
+MAX_BIAS_ENTRIES = 1 << 16
 LOGPROBS_MODES = ("raw", "processed")
 
 
@@ -60,11 +65,16 @@ class SamplingBackendConfig:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name}={value!r} must be an int, got {type(value).__name__}")
 
-        need(isinstance(self.max_bs, int) and self.max_bs >= 1, f"max_bs={self.max_bs!r} must be an int >= 1")
-        need(isinstance(self.max_draft_tokens_per_req, int) and self.max_draft_tokens_per_req >= 1,
-             f"max_draft_tokens_per_req={self.max_draft_tokens_per_req!r} must be an int >= 1")
-        need(isinstance(self.max_req_pool_size, int) and self.max_req_pool_size >= 0,
-             f"max_req_pool_size={self.max_req_pool_size!r} must be an int >= 0")
+        # Bounds keep every row and slot index in int32 and the buffers allocatable.
+        need(1 <= self.max_bs <= MAX_BS, f"max_bs={self.max_bs!r} must be in [1, {MAX_BS}]")
+        need(1 <= self.max_draft_tokens_per_req <= MAX_DRAFT_TOKENS,
+             f"max_draft_tokens_per_req={self.max_draft_tokens_per_req!r} must be in "
+             f"[1, {MAX_DRAFT_TOKENS}]")
+        need(self.max_bs * self.max_draft_tokens_per_req <= MAX_ROWS,
+             f"max_bs * max_draft_tokens_per_req = {self.max_bs * self.max_draft_tokens_per_req} "
+             f"rows is more than {MAX_ROWS}")
+        need(0 <= self.max_req_pool_size < MAX_POOL,
+             f"max_req_pool_size={self.max_req_pool_size!r} must be in [0, {MAX_POOL})")
         need(isinstance(self.vocab_size, int) and 1 <= self.vocab_size <= 2**20,
              f"vocab_size={self.vocab_size!r} must be an int in [1, 2^20]")
         need(self.logprobs_mode in LOGPROBS_MODES,
@@ -73,8 +83,8 @@ class SamplingBackendConfig:
              f"top_logprobs_num={self.top_logprobs_num!r} must be an int in [0, vocab_size]")
         need(isinstance(self.penalty_history_capacity, int) and self.penalty_history_capacity >= 0,
              f"penalty_history_capacity={self.penalty_history_capacity!r} must be an int >= 0")
-        need(isinstance(self.logit_bias_capacity, int) and self.logit_bias_capacity >= 0,
-             f"logit_bias_capacity={self.logit_bias_capacity!r} must be an int >= 0")
+        need(0 <= self.logit_bias_capacity <= MAX_BIAS_ENTRIES,
+             f"logit_bias_capacity={self.logit_bias_capacity!r} must be in [0, {MAX_BIAS_ENTRIES}]")
         try:
             device = self.torch_device
         except (RuntimeError, TypeError) as exc:

@@ -113,7 +113,7 @@ class SamplingParams:
             try:
                 value = float(value)
             except OverflowError:  # an int beyond fp64: as large a bias as +-inf
-                value = math.copysign(math.inf, value)
+                value = math.inf if value > 0 else -math.inf
             if math.isnan(value):
                 raise ValueError(f"logit_bias[{token}]=nan is not a number")
             out[token] = value

@@ -87,10 +87,12 @@ class GumbelSamplingBackend(SamplingBackend):
         self._in_slot: list[_Admitted | None] = [None] * config.pool_rows
         self._row_offsets = torch.arange(config.max_draft_tokens_per_req, device=self.device)
         self._logprobs_mode = LOGPROBS_MODES.index(config.logprobs_mode)
-        # Scratch of the CUDA kernels, sized once from the config: no step allocates.
+        # Scratch of the CUDA kernels, sized once from the config: no step allocates. Zeroed
+        # once: it holds the single-launch kernel's per-row tickets, which must start at zero
+        # (each launch leaves them at zero again; csrc/cuda/workspace.h).
         rows = config.max_bs * config.max_draft_tokens_per_req
         self._workspace = (
-            torch.empty(_C.sample_rows_workspace_bytes(rows), dtype=torch.uint8, device=self.device)
+            torch.zeros(_C.sample_rows_workspace_bytes(rows), dtype=torch.uint8, device=self.device)
             if self._KERNEL_WORKSPACE and self.device.type == "cuda" else None)
 
     # ---- pool views (one int32 table; floats stored as bits) ----
