@@ -107,9 +107,12 @@ def test_backend_construction_checks_the_gpu(monkeypatch):
 def test_check_device_supported_reads_the_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GeForce RTX 5090")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (12, 0))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(build, "build_info", lambda: dict(RELEASE, cuda_archs=["sm_90"], cuda_ptx=[]))
-    with pytest.raises(ValueError, match=r"NVIDIA GeForce RTX 5090 \(sm_120\)"):
-        build.check_device_supported(torch.device("cuda", 0))
+    with pytest.raises(ValueError, match=r"^device='cuda:1': .*NVIDIA GeForce RTX 5090 \(sm_120\)"):
+        build.check_device_supported(torch.device("cuda", 1))
+    with pytest.raises(ValueError, match=r"^device='cuda:2': there are 2 CUDA devices"):
+        build.check_device_supported(torch.device("cuda", 2))
     monkeypatch.setattr(build, "build_info", lambda: RELEASE)
     build.check_device_supported(torch.device("cuda", 0))
     build.check_device_supported(torch.device("cpu"))  # never asks about a GPU

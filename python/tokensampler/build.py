@@ -100,10 +100,14 @@ def unsupported_gpu_reason(name: str, capability: tuple[int, int], info: dict | 
 
 
 def check_device_supported(device: torch.device) -> None:
-    """Raises ValueError when `device` is a GPU this build's CUDA kernels cannot run on."""
+    """Raises ValueError naming `device` when it is a GPU that is not there or that this build's
+    CUDA kernels cannot run on. `device` has an index (a backend resolves bare "cuda")."""
     if device.type != "cuda":
         return
+    count = torch.cuda.device_count()
+    if not 0 <= device.index < count:
+        raise ValueError(f"device={str(device)!r}: there are {count} CUDA devices")
     reason = unsupported_gpu_reason(torch.cuda.get_device_name(device),
                                     torch.cuda.get_device_capability(device))
     if reason is not None:
-        raise ValueError(reason)
+        raise ValueError(f"device={str(device)!r}: {reason}")
