@@ -3,11 +3,36 @@
 #include <pybind11/stl.h>
 #include <torch/extension.h>
 
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "cuda/workspace.h"
 #include "slot_state/slot_state_manager.h"
 #include "tokensampler/rng.h"
 
 namespace py = pybind11;
+
+namespace {
+
+// "a,b,c" -> ["a", "b", "c"]; "" -> [].
+std::vector<std::string> split_list(const std::string& joined) {
+  std::vector<std::string> items;
+  size_t start = 0;
+  while (start < joined.size()) {
+    const size_t comma = std::min(joined.find(',', start), joined.size());
+    if (comma > start) items.push_back(joined.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return items;
+}
+
+std::optional<std::string> optional_string(const std::string& s) {
+  return s.empty() ? std::nullopt : std::optional<std::string>(s);
+}
+
+}  // namespace
 using tokensampler::Route;
 using tokensampler::SlotParams;
 using tokensampler::SlotStateManager;
@@ -22,6 +47,22 @@ PYBIND11_MODULE(_C, m) {
 #else
   m.attr("built_with_cuda") = false;
 #endif
+  // What this build is (cmake/build_info.cmake records it at configure time).
+  m.def("build_info", [] {
+    py::dict info;
+    info["version"] = TOKENSAMPLER_VERSION;
+    info["torch"] = TOKENSAMPLER_TORCH_VERSION;
+    info["torch_cuda"] = optional_string(TOKENSAMPLER_TORCH_CUDA_VERSION);
+    info["cuda"] = optional_string(TOKENSAMPLER_CUDA_VERSION);
+    info["cuda_archs"] = split_list(TOKENSAMPLER_CUDA_ARCHS);
+    info["cuda_ptx"] = split_list(TOKENSAMPLER_CUDA_PTX);
+#ifdef TOKENSAMPLER_WITH_CUDA
+    info["with_cuda"] = true;
+#else
+    info["with_cuda"] = false;
+#endif
+    return info;
+  });
 
   py::class_<SlotParams>(m, "SlotParams", "One request's sampling parameters, as stored per slot.")
       .def(py::init([](float temperature, int32_t top_k, float top_p, float min_p,

@@ -75,7 +75,7 @@ def run_sample(logits, slots, lengths, table, hcap, bcap, n=1, candidates=None,
     tv = torch.zeros(rows, top_n, dtype=torch.float32, device=dev) if top_n else None
     ti = torch.zeros(rows, top_n, dtype=torch.int64, device=dev) if top_n else None
     OPS.sample_rows(logits, slots.to(dev), lengths.to(dev), table.to(dev), hcap, bcap, n,
-                    None if candidates is None else candidates.to(dev), penalties, mode, route,
+                    None if candidates is None else candidates.to(dev), penalties, mode, route, 0,
                     out, inv, lp, tv, ti)
     return out, inv, lp, tv, ti
 
@@ -276,7 +276,7 @@ def test_verify_rejection_matches_cpu(dtype, V):
         inv = torch.empty(bs * n, dtype=torch.bool, device=dev)
         OPS.verify_rejection(logits.to(dev), slots_t.to(dev), lengths.to(dev),
                              mgr.table.to(dev), mgr.history_capacity, mgr.bias_capacity,
-                             cands.to(dev), q.to(dev), True, 0, pred, acc, inv)
+                             cands.to(dev), q.to(dev), True, 0, 0, pred, acc, inv)
         outs.append((pred.cpu(), acc.cpu(), inv.cpu()))
     (pc, ac, ic), (pg, ag, ig) = outs
     assert torch.equal(ac, ag)
@@ -331,7 +331,7 @@ def test_sample_rows_no_host_sync(route):
     torch.cuda.set_sync_debug_mode("error")
     try:
         OPS.sample_rows(logits, slots, lengths, table, mgr.history_capacity, mgr.bias_capacity,
-                        1, None, True, 1, sel, *o)
+                        1, None, True, 1, sel, 0, *o)
         OPS.append_history(table, mgr.history_capacity, mgr.bias_capacity, slots, o[0],
                            torch.ones_like(o[0]), 1)
     finally:
@@ -346,7 +346,7 @@ def test_cuda_graph_replay_equals_eager(route):
     static_logits = logits.clone()
     o = _outs(logits.size(0), 3)
     args = lambda: (static_logits, slots, lengths, table, mgr.history_capacity,
-                    mgr.bias_capacity, 1, None, True, 0, sel, *o)
+                    mgr.bias_capacity, 1, None, True, 0, sel, 0, *o)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -382,7 +382,7 @@ def test_backend_workspace_serves_every_step():
                                         device="cuda")):
         o = _outs(rows, 0)[:3]
         OPS.sample_rows(logits, slots, lengths, table, mgr.history_capacity, mgr.bias_capacity,
-                        1, None, True, 0, sel, *o, None, None, workspace)
+                        1, None, True, 0, sel, 0, *o, None, None, workspace)
         outs.append(o[0].clone())
     assert torch.equal(outs[0], outs[1])
 
@@ -395,4 +395,4 @@ def test_short_workspace_is_refused(cpp_exceptions_reach_python):
     short = torch.empty(1024, dtype=torch.uint8, device="cuda")
     with pytest.raises(ValueError, match="workspace holds 1024 bytes"):
         OPS.sample_rows(logits, slots, lengths, table, mgr.history_capacity, mgr.bias_capacity,
-                        1, None, True, 0, sel, *_outs(logits.size(0), 0)[:3], None, None, short)
+                        1, None, True, 0, sel, 0, *_outs(logits.size(0), 0)[:3], None, None, short)

@@ -170,3 +170,24 @@ def test_full_adapter_rejection_sampling_is_lossless():
         accepted += int((accept == 2).sum())
     assert 0 < accepted < 20 * bs
     assert chi_square_pvalue(np.array(first), filtered_probs(target_logits.double().numpy())) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["flashinfer", "flashinfer_full"])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_processed_logprobs_are_refused_first(name, device, monkeypatch):
+    """Refused at construction, before FlashInfer's availability is even asked, so no machine
+    silently returns raw logprobs for a processed-logprobs config."""
+    from tokensampler.backends import flashinfer as adapter
+
+    asked = []
+    monkeypatch.setattr(adapter, "flashinfer_unavailable_reason", lambda d: asked.append(d))
+    config = cfg(device, enable_output_logprobs=True, logprobs_mode="processed")
+    with pytest.raises(ValueError, match=r"logprobs_mode='processed' is not available.*"
+                                         r"'gumbel' or 'gumbel_full'"):
+        ts.create_backend(name, config)
+    assert asked == []
+    assert name not in ts.available_backends(config)
+    # raw logprobs, or processed mode without logprobs, reach the availability check
+    for ok in (cfg(device, enable_output_logprobs=True),
+               cfg(device, logprobs_mode="processed")):
+        assert adapter.flashinfer_config_refusal(ok) is None

@@ -13,8 +13,7 @@ namespace tokensampler::cuda {
 namespace {
 
 void argmax_rows(const at::Tensor& logits, at::Tensor& out_tokens) {
-  check_logits(logits);
-  check_int32_vector(out_tokens, "out_tokens", logits.size(0), logits.device());
+  check_argmax_rows_args(logits, out_tokens);
   const int64_t rows = logits.size(0);
   if (rows == 0) return;
   const c10::cuda::CUDAGuard guard(logits.device());

@@ -108,22 +108,24 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
                  const at::Tensor& valid_cache_lengths, const at::Tensor& slot_table,
                  int64_t history_capacity, int64_t bias_capacity, int64_t tokens_per_req,
                  const std::optional<at::Tensor>& candidates, bool apply_penalties,
-                 int64_t logprobs_mode, int64_t route, at::Tensor& out_tokens,
-                 at::Tensor& out_invalid, const std::optional<at::Tensor>& out_logprobs,
+                 int64_t logprobs_mode, int64_t route, int64_t max_top_k,
+                 at::Tensor& out_tokens, at::Tensor& out_invalid,
+                 const std::optional<at::Tensor>& out_logprobs,
                  const std::optional<at::Tensor>& out_top_values,
                  const std::optional<at::Tensor>& out_top_ids,
                  const std::optional<at::Tensor>& workspace) {
-  check_sample_rows_args(logits, req_pool_indices, valid_cache_lengths, slot_table,
-                         history_capacity, bias_capacity, tokens_per_req, candidates, out_tokens,
-                         out_invalid);
-  check_sample_rows_outputs(logits, out_logprobs, out_top_values, out_top_ids);
+  check_sample_rows_call(logits, req_pool_indices, valid_cache_lengths, slot_table,
+                         history_capacity, bias_capacity, tokens_per_req, candidates,
+                         logprobs_mode, route, max_top_k, out_tokens, out_invalid, out_logprobs,
+                         out_top_values, out_top_ids, workspace);
   const int64_t rows = logits.size(0);
   const int64_t top_n = out_top_values ? out_top_values->size(1) : 0;
   if (rows == 0) return;
   const c10::cuda::CUDAGuard guard(logits.device());
   const SlotLayout layout = slot_layout_of(slot_table, history_capacity, bias_capacity);
   const SampleRowsCall call{logits, req_pool_indices, valid_cache_lengths, slot_table, layout,
-                            tokens_per_req, candidates, apply_penalties, logprobs_mode, route,
+                            tokens_per_req, candidates, apply_penalties, logprobs_mode,
+                            static_cast<Route>(route), max_top_k,
                             out_tokens, out_invalid, out_logprobs, top_n > 0, workspace};
   if (split_row::try_sample(call) || top_p::try_sample(call)) return;
   const auto stream = at::cuda::getCurrentCUDAStream();

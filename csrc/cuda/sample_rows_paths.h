@@ -7,6 +7,7 @@
 
 #include <optional>
 
+#include "tokensampler/route.h"
 #include "tokensampler/slot_layout.h"
 
 namespace tokensampler::cuda {
@@ -22,7 +23,8 @@ struct SampleRowsCall {
   const std::optional<at::Tensor>& drafts;  // verify candidates: penalties count earlier drafts
   bool apply_penalties;
   int64_t logprobs_mode;
-  int64_t route_hint;  // low 8 bits: the route; higher bits: the step's largest top-k
+  Route route;         // the step's route: which filters its rows use
+  int64_t max_top_k;   // the step's largest top-k; 0: unknown
   at::Tensor& out_tokens;
   at::Tensor& out_invalid;
   const std::optional<at::Tensor>& out_logprobs;

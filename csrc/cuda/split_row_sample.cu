@@ -19,10 +19,9 @@ static int64_t fused_max_rows() {
 }
 
 bool try_sample(const SampleRowsCall& c) {
-  const int64_t route = c.route_hint & 0xFF;
-  const int64_t max_top_k = c.route_hint >> 8;
-  const bool no_filter = route == 1;
-  const bool top_k_family = route == 2 || route == 4 || route == 6;  // top_k, + top_p, + min_p
+  const int64_t max_top_k = c.max_top_k;
+  const bool no_filter = c.route == Route::kNoFilter;
+  const bool top_k_family = is_top_k_route(c.route);  // top_k, + top_p, + min_p
   if (c.want_top_n || (c.out_logprobs && c.logprobs_mode == 1)) return false;
   if (!no_filter && !(top_k_family && max_top_k >= 1 && max_top_k <= kSplitMaxTopK)) return false;
 

@@ -12,8 +12,8 @@ namespace tokensampler::cuda::top_p {
 bool try_sample(const SampleRowsCall& c) {
   if (c.want_top_n || (c.out_logprobs && c.logprobs_mode == 1) || c.logits.size(1) > kMaxVocab)
     return false;
-  const int64_t route = c.route_hint & 0xFF;
-  const bool histogram_rows = route != 1 && route != 5;  // no_filter, min_p: no cut to find
+  // no_filter, min_p: no cut to find
+  const bool histogram_rows = c.route != Route::kNoFilter && c.route != Route::kMinP;
 
   const int64_t rows = c.logits.size(0);
   Args a{};

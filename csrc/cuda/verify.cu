@@ -25,13 +25,9 @@ __global__ void verify_chain_kernel(const int32_t* __restrict__ cand, const int3
 
 void verify_chain(const at::Tensor& candidates, const at::Tensor& target_tokens,
                   at::Tensor& out_predict, at::Tensor& out_accept_length) {
-  TORCH_CHECK_VALUE(candidates.dim() == 2, "candidates must be [bs, n], got ", candidates.sizes());
+  check_verify_chain_args(candidates, target_tokens, out_predict, out_accept_length);
   const int64_t bs = candidates.size(0), n = candidates.size(1);
   const auto device = candidates.device();
-  check_int32_vector(candidates.view(-1), "candidates", bs * n, device);
-  check_int32_vector(target_tokens, "target_tokens", bs * n, device);
-  check_int32_vector(out_predict, "out_predict", bs * n, device);
-  check_int32_vector(out_accept_length, "out_accept_length", bs, device);
   if (bs == 0) return;
   const c10::cuda::CUDAGuard guard(device);
   const auto stream = at::cuda::getCurrentCUDAStream();
@@ -108,12 +104,10 @@ __global__ void append_history_kernel(int32_t* __restrict__ table, SlotLayout la
 void append_history(at::Tensor& slot_table, int64_t history_capacity, int64_t bias_capacity,
                     const at::Tensor& req_pool_indices, const at::Tensor& tokens,
                     const at::Tensor& accept_length, int64_t tokens_per_req) {
+  check_append_history_args(slot_table, history_capacity, bias_capacity, req_pool_indices, tokens,
+                            accept_length, tokens_per_req);
   const auto device = slot_table.device();
-  check_slot_table(slot_table, history_capacity, bias_capacity, device);
   const int64_t bs = accept_length.numel();
-  check_int32_vector(req_pool_indices, "req_pool_indices", bs, device);
-  check_int32_vector(tokens, "tokens", bs * tokens_per_req, device);
-  check_int32_vector(accept_length, "accept_length", bs, device);
   if (bs == 0) return;
   const c10::cuda::CUDAGuard guard(device);
   const auto stream = at::cuda::getCurrentCUDAStream();
@@ -234,11 +228,12 @@ void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indic
                       const at::Tensor& valid_cache_lengths, const at::Tensor& slot_table,
                       int64_t history_capacity, int64_t bias_capacity,
                       const at::Tensor& candidates, const at::Tensor& draft_probs,
-                      bool apply_penalties, int64_t /*route*/, at::Tensor& out_predict,
-                      at::Tensor& out_accept_length, at::Tensor& out_invalid) {
+                      bool apply_penalties, int64_t route, int64_t max_top_k,
+                      at::Tensor& out_predict, at::Tensor& out_accept_length,
+                      at::Tensor& out_invalid) {
   check_verify_rejection_args(logits, req_pool_indices, valid_cache_lengths, slot_table,
-                              history_capacity, bias_capacity, candidates, draft_probs,
-                              out_predict, out_accept_length, out_invalid);
+                              history_capacity, bias_capacity, candidates, draft_probs, route,
+                              max_top_k, out_predict, out_accept_length, out_invalid);
   const int64_t bs = candidates.size(0), n = candidates.size(1);
   const int32_t V = static_cast<int32_t>(logits.size(1));
   if (bs == 0) return;

@@ -12,8 +12,7 @@ namespace tokensampler::cpu {
 namespace {
 
 void argmax_rows(const at::Tensor& logits, at::Tensor& out_tokens) {
-  check_logits(logits);
-  check_int32_vector(out_tokens, "out_tokens", logits.size(0), logits.device());
+  check_argmax_rows_args(logits, out_tokens);
   const auto rows = logits.to(at::kFloat).contiguous();
   const int64_t V = rows.size(1);
   const float* x = rows.data_ptr<float>();
@@ -33,15 +32,17 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
                  const at::Tensor& valid_cache_lengths, const at::Tensor& slot_table,
                  int64_t history_capacity, int64_t bias_capacity, int64_t tokens_per_req,
                  const std::optional<at::Tensor>& candidates, bool apply_penalties,
-                 int64_t logprobs_mode, int64_t /*route*/, at::Tensor& out_tokens,
-                 at::Tensor& out_invalid, const std::optional<at::Tensor>& out_logprobs,
+                 int64_t logprobs_mode, int64_t route, int64_t max_top_k,
+                 at::Tensor& out_tokens, at::Tensor& out_invalid,
+                 const std::optional<at::Tensor>& out_logprobs,
                  const std::optional<at::Tensor>& out_top_values,
                  const std::optional<at::Tensor>& out_top_ids,
-                 const std::optional<at::Tensor>& /*workspace: the CUDA paths' scratch*/) {
-  check_sample_rows_args(logits, req_pool_indices, valid_cache_lengths, slot_table,
-                         history_capacity, bias_capacity, tokens_per_req, candidates, out_tokens,
-                         out_invalid);
-  check_sample_rows_outputs(logits, out_logprobs, out_top_values, out_top_ids);
+                 const std::optional<at::Tensor>& workspace /*the CUDA paths' scratch*/) {
+  // route and max_top_k select CUDA kernels; the CPU kernel serves every route alike.
+  check_sample_rows_call(logits, req_pool_indices, valid_cache_lengths, slot_table,
+                         history_capacity, bias_capacity, tokens_per_req, candidates,
+                         logprobs_mode, route, max_top_k, out_tokens, out_invalid, out_logprobs,
+                         out_top_values, out_top_ids, workspace);
   const auto x = logits.to(at::kFloat).contiguous();
   const int64_t rows = x.size(0);
   const int32_t V = static_cast<int32_t>(x.size(1));

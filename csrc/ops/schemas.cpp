@@ -1,69 +1,142 @@
-// The tokensampler operator library: schemas and Meta kernels. CPU kernels are registered in
-// csrc/ops/*_cpu.cpp and CUDA kernels in csrc/cuda/*.cu under the same names.
+// The tokensampler operator library: schemas, Meta (fake) kernels and the autograd
+// kernel. CPU kernels are registered in csrc/ops/*_cpu.cpp and CUDA kernels in
+// csrc/cuda/*.cu under the same names.
 //
 // Every op writes into caller-owned outputs (`Tensor(a!)`) and returns nothing, so a backend
 // allocates its buffers once at construction and the ops are safe to capture in CUDA graphs.
-// Meta kernels have nothing to compute for such ops; they exist so torch.compile and fake
-// tensors can trace a backend's step.
+// The Meta kernels have nothing to compute; they run the very argument checks of the real
+// kernels (op_checks.h), so torch.compile and fake tensors refuse what the kernels would.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
+
+#include <vector>
+
+#include "op_checks.h"
+
+namespace tokensampler {
 
 namespace {
 
-void argmax_rows_meta(const at::Tensor&, at::Tensor&) {}
+void argmax_rows_meta(const at::Tensor& logits, at::Tensor& out_tokens) {
+  check_argmax_rows_args(logits, out_tokens);
+}
 
-void sample_rows_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                      int64_t, int64_t, int64_t, const std::optional<at::Tensor>&, bool, int64_t,
-                      int64_t, at::Tensor&, at::Tensor&, const std::optional<at::Tensor>&,
-                      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                      const std::optional<at::Tensor>&) {}
+void sample_rows_meta(const at::Tensor& logits, const at::Tensor& req_pool_indices,
+                      const at::Tensor& valid_cache_lengths, const at::Tensor& slot_table,
+                      int64_t history_capacity, int64_t bias_capacity, int64_t tokens_per_req,
+                      const std::optional<at::Tensor>& candidates, bool /*apply_penalties*/,
+                      int64_t logprobs_mode, int64_t route, int64_t max_top_k,
+                      at::Tensor& out_tokens, at::Tensor& out_invalid,
+                      const std::optional<at::Tensor>& out_logprobs,
+                      const std::optional<at::Tensor>& out_top_values,
+                      const std::optional<at::Tensor>& out_top_ids,
+                      const std::optional<at::Tensor>& workspace) {
+  check_sample_rows_call(logits, req_pool_indices, valid_cache_lengths, slot_table,
+                         history_capacity, bias_capacity, tokens_per_req, candidates,
+                         logprobs_mode, route, max_top_k, out_tokens, out_invalid, out_logprobs,
+                         out_top_values, out_top_ids, workspace);
+}
 
-void verify_chain_meta(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&) {}
+void verify_chain_meta(const at::Tensor& candidates, const at::Tensor& target_tokens,
+                       at::Tensor& out_predict, at::Tensor& out_accept_length) {
+  check_verify_chain_args(candidates, target_tokens, out_predict, out_accept_length);
+}
 
-void verify_rejection_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                           const at::Tensor&, int64_t, int64_t, const at::Tensor&,
-                           const at::Tensor&, bool, int64_t, at::Tensor&, at::Tensor&,
-                           at::Tensor&) {}
+void verify_rejection_meta(const at::Tensor& logits, const at::Tensor& req_pool_indices,
+                           const at::Tensor& valid_cache_lengths, const at::Tensor& slot_table,
+                           int64_t history_capacity, int64_t bias_capacity,
+                           const at::Tensor& candidates, const at::Tensor& draft_probs,
+                           bool /*apply_penalties*/, int64_t route, int64_t max_top_k,
+                           at::Tensor& out_predict, at::Tensor& out_accept_length,
+                           at::Tensor& out_invalid) {
+  check_verify_rejection_args(logits, req_pool_indices, valid_cache_lengths, slot_table,
+                              history_capacity, bias_capacity, candidates, draft_probs, route,
+                              max_top_k, out_predict, out_accept_length, out_invalid);
+}
 
-void penalize_logits_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
-                          int64_t, int64_t, const std::optional<at::Tensor>&, int64_t,
-                          at::Tensor&) {}
+void penalize_logits_meta(const at::Tensor& logits, const at::Tensor& req_pool_indices,
+                          const at::Tensor& slot_table, int64_t history_capacity,
+                          int64_t bias_capacity, int64_t tokens_per_req,
+                          const std::optional<at::Tensor>& candidates, int64_t /*vocab_offset*/,
+                          at::Tensor& out) {
+  check_penalize_args(logits, req_pool_indices, slot_table, history_capacity, bias_capacity,
+                      tokens_per_req, candidates, out);
+}
 
-void gumbel_noise_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
-                       at::Tensor&) {}
+void gumbel_noise_meta(const at::Tensor& seeds, const at::Tensor& positions,
+                       const at::Tensor& token_ids, int64_t /*stream*/, at::Tensor& out) {
+  check_gumbel_noise_args(seeds, positions, token_ids, out);
+}
 
-void append_history_meta(at::Tensor&, int64_t, int64_t, const at::Tensor&, const at::Tensor&,
-                         const at::Tensor&, int64_t) {}
+void append_history_meta(at::Tensor& slot_table, int64_t history_capacity, int64_t bias_capacity,
+                         const at::Tensor& req_pool_indices, const at::Tensor& tokens,
+                         const at::Tensor& accept_length, int64_t tokens_per_req) {
+  check_append_history_args(slot_table, history_capacity, bias_capacity, req_pool_indices, tokens,
+                            accept_length, tokens_per_req);
+}
+
+// Autograd kernel of every op. They are not differentiable (tokens are discrete; the logprob
+// outputs are reported, not trained through), so the op runs below autograd and records
+// nothing, as torch.argmax does. What it writes gets its version counter bumped, as any in-place
+// op's, so autograd still notices a tensor it saved being overwritten.
+void below_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                    torch::jit::Stack* stack) {
+  const auto& arguments = op.schema().arguments();
+  const size_t first = stack->size() - arguments.size();
+  std::vector<at::Tensor> written;
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const auto* alias = arguments[i].alias_info();
+    const c10::IValue& value = (*stack)[first + i];
+    if (alias != nullptr && alias->isWrite() && value.isTensor()) written.push_back(value.toTensor());
+  }
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
+  }
+  for (const at::Tensor& t : written)
+    if (!t.is_inference()) torch::autograd::impl::bump_version(t);
+}
+
+constexpr const char* kOps[] = {"argmax_rows",     "sample_rows",  "verify_chain",
+                                "verify_rejection", "penalize_logits", "gumbel_noise",
+                                "append_history"};
 
 }  // namespace
+
+}  // namespace tokensampler
 
 TORCH_LIBRARY(tokensampler, m) {
   // Greedy: out_tokens[r] = argmax of row r (NaN as -inf, ties to the lowest id).
   m.def("argmax_rows(Tensor logits, Tensor(a!) out_tokens) -> ()");
   // DESIGN §3 for each logits row r: request b = r // tokens_per_req, j = r % tokens_per_req,
   // slot req_pool_indices[b], position valid_cache_lengths[slot] + j. With candidates, row j
-  // sees drafts candidates[b, 1..j] in its penalty history. route is a hint that selects a
-  // kernel: low 8 bits the step's route (Route in slot_params.h, which must cover the filters
-  // the rows use), higher bits the step's largest top-k (0: unknown). It never changes tokens.
-  // workspace: scratch of the CUDA multi-block paths (uint8, _C.sample_rows_workspace_bytes of
-  // the step's rows or more), allocated once by the caller and ZEROED once (torch.zeros): it
-  // holds the single-launch kernel's per-row tickets, which every launch leaves at zero again.
-  // Without it they allocate (and zero the tickets) per step. One stream at a time.
+  // sees drafts candidates[b, 1..j] in its penalty history. logprobs_mode: 0 raw, 1 processed.
+  // route (a Route value, tokensampler/route.h, which must cover the filters the rows use) and
+  // max_top_k (the step's largest top-k; 0: unknown) select a CUDA kernel; they never change
+  // tokens. workspace: scratch of the CUDA multi-block paths (uint8,
+  // _C.sample_rows_workspace_bytes of the step's rows or more), allocated once by the caller
+  // and ZEROED once (torch.zeros): it holds the single-launch kernel's per-row tickets, which
+  // every launch leaves at zero again. Without it they allocate (and zero the tickets) per
+  // step. One stream at a time.
   m.def(
       "sample_rows(Tensor logits, Tensor req_pool_indices, Tensor valid_cache_lengths, "
       "Tensor slot_table, int history_capacity, int bias_capacity, int tokens_per_req, "
-      "Tensor? candidates, bool apply_penalties, int logprobs_mode, int route, "
+      "Tensor? candidates, bool apply_penalties, int logprobs_mode, int route, int max_top_k, "
       "Tensor(a!) out_tokens, Tensor(b!) out_invalid, Tensor(c!)? out_logprobs, "
       "Tensor(d!)? out_top_values, Tensor(e!)? out_top_ids, Tensor(f!)? workspace=None) -> ()");
   // DESIGN §4 target-sampled chain matching over candidates [bs, n] and target tokens [bs*n].
   m.def(
       "verify_chain(Tensor candidates, Tensor target_tokens, Tensor(a!) out_predict, "
       "Tensor(b!) out_accept_length) -> ()");
-  // DESIGN §4 lossless rejection sampling with draft probabilities [bs, n-1, V].
+  // DESIGN §4 lossless rejection sampling with draft probabilities [bs, n-1, V]; route and
+  // max_top_k as in sample_rows.
   m.def(
       "verify_rejection(Tensor logits, Tensor req_pool_indices, Tensor valid_cache_lengths, "
       "Tensor slot_table, int history_capacity, int bias_capacity, Tensor candidates, "
-      "Tensor draft_probs, bool apply_penalties, int route, Tensor(a!) out_predict, "
-      "Tensor(b!) out_accept_length, Tensor(c!) out_invalid) -> ()");
+      "Tensor draft_probs, bool apply_penalties, int route, int max_top_k, "
+      "Tensor(a!) out_predict, Tensor(b!) out_accept_length, Tensor(c!) out_invalid) -> ()");
   // DESIGN §3.1–3.4 alone: out = the processed logits (fp32) of every row, i.e. what the
   // filters of sample_rows see before temperature. Used by backends that sample elsewhere
   // (flashinfer_full) so their processed logits are identical to gumbel_full's. The columns
@@ -84,6 +157,7 @@ TORCH_LIBRARY(tokensampler, m) {
 }
 
 TORCH_LIBRARY_IMPL(tokensampler, Meta, m) {
+  using namespace tokensampler;
   m.impl("argmax_rows", &argmax_rows_meta);
   m.impl("sample_rows", &sample_rows_meta);
   m.impl("verify_chain", &verify_chain_meta);
@@ -91,4 +165,9 @@ TORCH_LIBRARY_IMPL(tokensampler, Meta, m) {
   m.impl("penalize_logits", &penalize_logits_meta);
   m.impl("gumbel_noise", &gumbel_noise_meta);
   m.impl("append_history", &append_history_meta);
+}
+
+TORCH_LIBRARY_IMPL(tokensampler, Autograd, m) {
+  for (const char* op : tokensampler::kOps)
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&tokensampler::below_autograd>());
 }

@@ -9,7 +9,7 @@ namespace tokensampler {
 
 namespace {
 
-constexpr std::array<std::pair<Route, const char*>, 7> kRouteNames{{
+constexpr std::array<std::pair<Route, const char*>, kRouteCount> kRouteNames{{
     {Route::kGeneric, "generic"},
     {Route::kNoFilter, "no_filter"},
     {Route::kTopK, "top_k"},

@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "tokensampler/route.h"
+
 namespace tokensampler {
 
 struct SlotParams {
@@ -23,17 +25,6 @@ struct SlotParams {
   bool has_penalties() const {
     return repetition_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f;
   }
-};
-
-// Which filters a step's rows use; decides the sampling route (DESIGN §2).
-enum class Route : int32_t {
-  kGeneric = 0,  // mixed rows: one kernel that handles every filter per row
-  kNoFilter = 1,
-  kTopK = 2,
-  kTopP = 3,
-  kTopKTopP = 4,
-  kMinP = 5,
-  kTopKTopPMinP = 6,
 };
 
 const char* route_name(Route route);

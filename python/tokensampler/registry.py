@@ -31,11 +31,12 @@ def _flashinfer_backend(name: str) -> type[SamplingBackend]:
 
 def available_backends(config: SamplingBackendConfig | None = None) -> list[str]:
     """Backend names usable here (for `config`'s device when given, else the current CUDA device)."""
-    from .backends.flashinfer import flashinfer_unavailable_reason
+    from .backends.flashinfer import flashinfer_config_refusal, flashinfer_unavailable_reason
 
     device = config.torch_device if config is not None else torch.device("cuda")
     names = list(_BACKENDS)
-    if flashinfer_unavailable_reason(device) is None:
+    refused = config is not None and flashinfer_config_refusal(config) is not None
+    if not refused and flashinfer_unavailable_reason(device) is None:
         names += list(_FLASHINFER_BACKENDS)
     return names
 

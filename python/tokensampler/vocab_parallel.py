@@ -178,9 +178,10 @@ class VocabParallelSampler:
         """The unsharded kernel on rows whose penalties are already applied."""
         b = self.backend
         count = rows.size(0)
+        # max_top_k 0: unknown to the kernels (they then take the path that serves any k).
         torch.ops.tokensampler.sample_rows(
             rows, info.req_pool_indices, info.valid_cache_lengths, b.slots.table,
-            b.slots.history_capacity, b.slots.bias_capacity, n, None, False, 0, int(b._route),
+            b.slots.history_capacity, b.slots.bias_capacity, n, None, False, 0, int(b._route), 0,
             out, b.invalid_rows[:count], None, None, None, b._workspace)
 
     # ---- public ----

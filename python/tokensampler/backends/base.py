@@ -8,8 +8,8 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from .. import _C
 from ..batch import LogitsProcessorOutput, SamplingBatchInfo
+from ..build import check_device_supported
 from ..config import SamplingBackendConfig
 from ..graphs import CUDA_GRAPH_VARIANT_DEFAULT
 from ..params import SamplingParams
@@ -34,13 +34,14 @@ class SamplingBackend(ABC):
     def __init__(self, config: SamplingBackendConfig) -> None:
         self.config = config.validate()
         device = config.torch_device
-        if device.type == "cuda" and not (torch.cuda.is_available() and _C.built_with_cuda):
-            raise ValueError(f"device={config.device!r}: " + (
-                "this tokensampler build has no CUDA kernels (built without nvcc or with "
-                "TOKENSAMPLER_CUDA=0)" if not _C.built_with_cuda else "no CUDA device is available"))
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={config.device!r}: no CUDA device is available")
         if device.type == "cuda" and device.index is None:
             # "cuda" means the current device; compare against tensors' explicit "cuda:N".
             device = torch.device("cuda", torch.cuda.current_device())
+        # A build without CUDA kernels, or without code for this GPU's architecture, fails
+        # here (naming the GPU), not at the first kernel launch.
+        check_device_supported(device)
         self.device = device
         rows = config.max_bs * config.max_draft_tokens_per_req
         # Row 0 of `_packed` holds output tokens, row 1 accept lengths: one D2H copy moves both.

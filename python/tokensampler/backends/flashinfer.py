@@ -13,7 +13,10 @@ What they do not give: FlashInfer's random numbers are keyed by batch row and a 
 pair, not by (seed, position, token id). We pass each request's seed and position as that pair,
 but the draw still depends on the row the request occupies and on FlashInfer's rejection rounds,
 so there is no batch invariance, plain decode and verify give different (equally distributed)
-tokens, and a request's seed reproduces its tokens only in an identical batch layout.
+tokens, and a request's seed reproduces its tokens only in an identical batch layout. Nor do
+they give `logprobs_mode="processed"` (refused at construction): their kept set comes from
+FlashInfer's renorm kernels, whose top-k / top-p boundaries at ties and near the cut are not
+tokensampler's, so a processed logprob would not be exact.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from ..batch import LogitsProcessorOutput, SamplingBatchInfo
 from .gumbel import GumbelSamplingBackend
 from .gumbel_full import GumbelFullSamplingBackend
 
-__all__ = ["FlashInferSamplingBackend", "FlashInferFullSamplingBackend", "flashinfer_unavailable_reason"]
+__all__ = ["FlashInferSamplingBackend", "FlashInferFullSamplingBackend", "flashinfer_unavailable_reason",
+           "flashinfer_config_refusal"]
 
 _ROUTES_WITH_MIN_P = (_C.Route.MIN_P, _C.Route.TOP_K_TOP_P_MIN_P, _C.Route.GENERIC)
 
@@ -43,6 +47,19 @@ def flashinfer_unavailable_reason(device: torch.device) -> str | None:
     return None
 
 
+def flashinfer_config_refusal(config) -> str | None:
+    """Why the FlashInfer backends refuse `config` on any machine, or None."""
+    if config.logprobs_mode == "processed" and config.enable_output_logprobs:
+        return ("logprobs_mode='processed' is not available from the flashinfer backends: the "
+                "distribution they sample is filtered by FlashInfer's renorm kernels, whose kept "
+                "set can differ from tokensampler's at ties and at the top-p / min-p cut, so the "
+                "processed logprob of the sampled token would not be exact (and returning raw "
+                "logprobs instead would silently give the other mode). Use the 'gumbel' or "
+                "'gumbel_full' backend (same parameters, exact processed logprobs) or "
+                "logprobs_mode='raw'")
+    return None
+
+
 class _FlashInferMixin:
     """Replaces the Gumbel kernels of a Gumbel backend with FlashInfer's draws."""
 
@@ -51,7 +68,8 @@ class _FlashInferMixin:
 
     @staticmethod
     def _require_flashinfer(config) -> None:
-        reason = flashinfer_unavailable_reason(config.validate().torch_device)
+        reason = (flashinfer_config_refusal(config.validate())
+                  or flashinfer_unavailable_reason(config.torch_device))
         if reason is not None:
             raise ValueError(reason)
 

@@ -230,18 +230,18 @@ class GumbelSamplingBackend(SamplingBackend):
         torch.ops.tokensampler.sample_rows(
             logits, sampling_info.req_pool_indices, sampling_info.valid_cache_lengths,
             self.slots.table, self.slots.history_capacity, self.slots.bias_capacity, n,
-            candidates, self._FULL, self._logprobs_mode, self._route_hint(), out,
+            candidates, self._FULL, self._logprobs_mode, *self._route_args(), out,
             self.invalid_rows[:rows],
             None if self._logprobs is None else self._logprobs[:rows],
             None if self._top_values is None else self._top_values[:rows],
             None if self._top_ids is None else self._top_ids[:rows], self._workspace)
 
-    def _route_hint(self) -> int:
-        """The kernels' route hint: the route, and for top-k routes the step's largest k."""
-        hint = int(self._route)
-        if self._route in _TOP_K_ROUTES:
-            hint |= min(self.step_max_top_k, self.config.vocab_size) << 8
-        return hint
+    def _route_args(self) -> tuple[int, int]:
+        """The ops' (route, max_top_k): the step's route, and for top-k routes its largest k
+        (0, "unknown", otherwise). They pick a CUDA kernel and never change tokens."""
+        max_top_k = (min(self.step_max_top_k, self.config.vocab_size)
+                     if self._route in _TOP_K_ROUTES else 0)
+        return int(self._route), max_top_k
 
     def _record_history(self, sampling_info, tokens, lengths, n) -> None:
         if self._FULL and self.slots.history_capacity > 0:
@@ -269,7 +269,7 @@ class GumbelSamplingBackend(SamplingBackend):
             torch.ops.tokensampler.verify_rejection(
                 logits, sampling_info.req_pool_indices, sampling_info.valid_cache_lengths,
                 self.slots.table, self.slots.history_capacity, self.slots.bias_capacity,
-                candidates, sampling_info.draft_probs, self._FULL, self._route_hint(),
+                candidates, sampling_info.draft_probs, self._FULL, *self._route_args(),
                 predict, accept, self.invalid_rows[:rows])
         else:
             target = self._target[:rows]
