@@ -123,10 +123,12 @@ class Held:
             out.add("m")
         return out
 
-    def processed(self, row: np.ndarray, drafts=()) -> np.ndarray:
-        """DESIGN §3.1-3.4 in float64 for a row that sees this slot's history plus `drafts`
-        (verify row j sees drafts 1..j)."""
-        l = row.astype(np.float64)
+    def processed(self, row: np.ndarray, drafts=(), dtype=np.float64) -> np.ndarray:
+        """DESIGN §3.1-3.4 for a row that sees this slot's history plus `drafts` (verify row j
+        sees drafts 1..j): in float64, or with dtype=np.float32 in the kernels' own fp32 steps
+        (each operation rounded to fp32, in their order), which decides exact ties."""
+        f = dtype
+        l = row.astype(dtype)
         l[np.isnan(l)] = -inf
         counts = Counter(self.counts)
         for d in drafts:
@@ -135,12 +137,12 @@ class Held:
         with np.errstate(invalid="ignore", over="ignore"):
             if self.repetition != 1.0:
                 for t in self.prompt | {t for t, c in counts.items() if c > 0}:
-                    l[t] = l[t] / self.repetition if l[t] > 0 else l[t] * self.repetition
+                    l[t] = l[t] / f(self.repetition) if l[t] > 0 else l[t] * f(self.repetition)
             for t, c in counts.items():
                 if c > 0:
-                    l[t] -= self.frequency * c + self.presence
+                    l[t] -= f(self.frequency) * f(c) + f(self.presence)
             for t, b in self.bias.items():
-                l[t] += b
+                l[t] += f(b)
         l[np.isnan(l)] = -inf  # §3.1 holds after the bias too (issue 15, defect 3)
         return l
 
@@ -155,10 +157,11 @@ def check_row(held: Held, raw: np.ndarray, token: int, invalid: bool, what: str)
     if not raw_valid.any():
         assert token == 0 and invalid, f"{what}: an all -inf/NaN row gives token 0, flagged"
         return
-    _check_processed(held, held.processed(raw), token, invalid, what)
+    _check_processed(held, held.processed(raw), token, invalid, what,
+                     held.processed(raw, dtype=np.float32))
 
 
-def _check_processed(held, l, token, invalid, what):
+def _check_processed(held, l, token, invalid, what, l32=None):
     valid = l > -inf
     if not valid.any():
         return  # every valid raw token masked by the bias: only the range is specified
@@ -177,8 +180,9 @@ def _check_processed(held, l, token, invalid, what):
                                      f"({l[token]!r} vs {m!r})"
         else:
             assert token in near, f"{what}: greedy token {token} is not a near-argmax {near}"
-            ties = np.flatnonzero(l == l[token])
-            assert token == ties[0], f"{what}: exact tie {ties} must go to the lowest id"
+            if l32 is not None:  # near-ties: the kernels' fp32 values decide, lowest id first
+                assert token == int(np.argmax(l32)), \
+                    f"{what}: greedy token {token}, fp32 argmax {int(np.argmax(l32))} of {near}"
         return
     k = held.top_k if 0 < held.top_k < held.V else held.V
     if pinf.size:
@@ -442,11 +446,12 @@ class SamplerMachine(RuleBasedStateMachine):
                 assert c[j] == p[j - 1], f"{what}: accepted draft {c[j]} != predict {p[j - 1]}"
             for j in range(a):
                 l = h.processed(raw[b * n + j], c[1:j + 1])
+                l32 = h.processed(raw[b * n + j], c[1:j + 1], np.float32)
                 rv = raw[b * n + j]
                 if not (~np.isnan(rv) & (rv > -inf)).any():
                     assert p[j] == 0 and invalid[b * n + j], f"{what} row {j}: invalid row"
                     continue
-                _check_processed(h, l, p[j], invalid[b * n + j], f"{what} row {j}")
+                _check_processed(h, l, p[j], invalid[b * n + j], f"{what} row {j}", l32)
             if a < n:
                 rv = raw[b * n + a - 1]
                 row_invalid = not (~np.isnan(rv) & (rv > -inf)).any()
