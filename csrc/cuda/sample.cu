@@ -127,7 +127,7 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
                             tokens_per_req, candidates, apply_penalties, logprobs_mode,
                             static_cast<Route>(route), max_top_k,
                             out_tokens, out_invalid, out_logprobs, top_n > 0, workspace};
-  if (split_row::try_sample(call) || top_p::try_sample(call)) return;
+  if (split_row::try_sample(call) || histogram_cut::try_sample(call)) return;
   const auto stream = at::cuda::getCurrentCUDAStream();
   SampleArgs a;
   a.row_stride = logits.stride(0);

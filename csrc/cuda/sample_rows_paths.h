@@ -1,6 +1,6 @@
 // The multi-block paths of sample_rows. sample.cu tries them in order, then falls back to the
 // one-block-per-row kernel: split_row::try_sample (split_row_sample.cu), then
-// top_p::try_sample (top_p_sample.cu).
+// histogram_cut::try_sample (histogram_cut_sample.cu).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -39,12 +39,12 @@ namespace split_row {
 bool try_sample(const SampleRowsCall& call);
 }  // namespace split_row
 
-namespace top_p {
+namespace histogram_cut {
 // Samples every row and returns true when the step has no top-N or processed logprobs (any
 // route: top-p, min-p, mixed batches, top-k beyond the split-row path). Rows it cannot finish
 // exactly run the one-block-per-row kernel's code inside its finish kernel. Otherwise returns
 // false and launches nothing.
 bool try_sample(const SampleRowsCall& call);
-}  // namespace top_p
+}  // namespace histogram_cut
 
 }  // namespace tokensampler::cuda

@@ -1,5 +1,5 @@
 // Host-side setup shared by the launch code of the multi-block paths (split_row_sample.cu,
-// top_p_sample.cu): how rows are cut into chunks, and the kernel arguments both fill alike.
+// histogram_cut_sample.cu): how rows are cut into chunks, and the kernel arguments both fill alike.
 #pragma once
 
 #include <ATen/ATen.h>

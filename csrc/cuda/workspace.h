@@ -1,4 +1,4 @@
-// Device workspace of sample_rows' multi-block paths (split_row_sample.cu, top_p_sample.cu):
+// Device workspace of sample_rows' multi-block paths (split_row_sample.cu, histogram_cut_sample.cu):
 // a per-row upper bound, so a backend allocates it once, at construction, from its config
 // (rows = max_bs * max tokens per request) and no step allocates. The launch code checks these
 // bounds against its kernels' constants (static_assert) and each step against the tensor given.

@@ -1,4 +1,4 @@
-// Device code of the histogram-cut path of sample_rows (launch code: top_p_sample.cu).
+// Device code of the histogram-cut path of sample_rows (launch code: histogram_cut_sample.cu).
 // Rows: any mix of greedy, no-filter, top-p, min-p and top-k rows (mixed batches, and top-k
 // beyond the split-row path's k <= 512), penalties and bias as in split_row_kernel.cuh.
 //
@@ -26,7 +26,7 @@
 #include "sample_kernel.cuh"
 #include "split_row_kernel.cuh"
 
-namespace tokensampler::cuda::top_p {
+namespace tokensampler::cuda::histogram_cut {
 
 using split_row::Candidate;
 using split_row::ChunkResult;
@@ -480,4 +480,4 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
   }
 }
 
-}  // namespace tokensampler::cuda::top_p
+}  // namespace tokensampler::cuda::histogram_cut

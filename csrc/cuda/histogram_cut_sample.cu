@@ -1,13 +1,13 @@
-// Launch code of the histogram-cut path of sample_rows (device code in top_p_kernel.cuh).
+// Launch code of the histogram-cut path of sample_rows (device code in histogram_cut_kernel.cuh).
 // sample.cu tries it when the split-row path declines a step.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
 #include "dispatch_logits.cuh"
 #include "split_row_launch.cuh"
-#include "top_p_kernel.cuh"
+#include "histogram_cut_kernel.cuh"
 
-namespace tokensampler::cuda::top_p {
+namespace tokensampler::cuda::histogram_cut {
 
 bool try_sample(const SampleRowsCall& c) {
   if (c.want_top_n || (c.out_logprobs && c.logprobs_mode == 1) || c.logits.size(1) > kMaxVocab)
@@ -57,4 +57,4 @@ bool try_sample(const SampleRowsCall& c) {
   return true;
 }
 
-}  // namespace tokensampler::cuda::top_p
+}  // namespace tokensampler::cuda::histogram_cut
