@@ -412,6 +412,7 @@ class SamplerMachine(RuleBasedStateMachine):
                 row.append(draft)
             candidates.append(row)
         draft_probs = None
+        q_over_one = set()  # (b, j) rows whose q no longer sums to <= 1 after the clamp
         if rejection:
             rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="q seed"))
             q = rng.standard_normal((bs, n - 1, V)) * 2
@@ -425,6 +426,8 @@ class SamplerMachine(RuleBasedStateMachine):
                     d = candidates[b][j]
                     if 0 <= d < V and rng.random() < 0.4:
                         q[b, j - 1, d] = rng.choice([np.nan, -1.0, -1e-3, 0.0, 5.0, np.inf])
+                        if q[b, j - 1, d] > 1.0:
+                            q_over_one.add((b, j - 1))
             q_dtype = data.draw(st.sampled_from([torch.float32, torch.float32, torch.float16,
                                                  torch.bfloat16]), label="q dtype")
             draft_probs = torch.from_numpy(q.astype(np.float32)).to(q_dtype)
@@ -455,7 +458,10 @@ class SamplerMachine(RuleBasedStateMachine):
             if a < n:
                 rv = raw[b * n + a - 1]
                 row_invalid = not (~np.isnan(rv) & (rv > -inf)).any()
-                if not (rejection and row_invalid):
+                # A rejected draft has p < q there, so max(p - q, 0) cannot return it, unless q is
+                # no distribution (clamped to 1 at the draft: the residual can be empty and the
+                # row then takes its target sample, which may be the draft).
+                if not (rejection and (row_invalid or (b, a - 1) in q_over_one)):
                     assert c[a] != p[a - 1], f"{what}: draft {c[a]} equals the token yet rejected"
             if h.records:
                 for t in p[:a]:
