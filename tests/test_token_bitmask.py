@@ -275,3 +275,16 @@ def test_masked_step_does_not_sync_the_host():
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
+
+
+def test_vocab_parallel_sampler_refuses_a_mask():
+    from tokensampler.vocab_parallel import VocabParallelSampler
+
+    backend = ts.create_backend("gumbel", _config("cpu", enable_token_bitmask=True))
+    sampler = VocabParallelSampler(backend, 0, V // 2)
+    backend.prepare_step(["a"], [1], [ts.SamplingParams(seed=1)])
+    info = ts.SamplingBatchInfo(torch.ones(1, dtype=torch.int32),
+                                torch.zeros(BS + 1, dtype=torch.int32), V, "cpu",
+                                token_bitmask=torch.full((1, WORDS), -1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="token_bitmask is not supported by vocab-parallel"):
+        sampler.sample(ts.LogitsProcessorOutput(torch.randn(1, V // 2)), info)
