@@ -184,3 +184,42 @@ def test_speculative_prompt_lookup_reproduces_plain_sampling(smol):
     assert s.accepted > 0, "no draft was accepted"
     assert s.drafted > s.accepted, "no draft was rejected"
     assert s.steps < plain.stats.steps
+
+
+# ---- 5. a JSON-schema request (xgrammar bitmask) parses; speculative == plain still holds ----
+def test_json_schema_request_parses_and_speculative_matches_plain(smol):
+    from tokensampler.demo import _SPECS, demo_requests, json_output_problem
+    from tokensampler.demo.grammar import PERSON_SCHEMA, compile_json_schema
+
+    model, tok = smol
+    V = int(model.get_output_embeddings().weight.size(0))
+    grammar = compile_json_schema(tok, V, PERSON_SCHEMA)
+    specs = [_SPECS[4], _SPECS[1]]   # a copying prompt (drafts accepted) and a sampled one
+
+    def serve(speculative):
+        engine = Engine(model, tok.eos_token_id, max_batch=2, speculative=speculative,
+                        num_draft=4, enable_token_bitmask=True)
+        return engine, engine.run(demo_requests(tok, specs, json_grammar=grammar))
+
+    plain, plain_reqs = serve(False)
+    spec, spec_reqs = serve(True)
+    constrained = [r for r in plain_reqs if r.grammar is not None]
+    assert len(constrained) == 1 and len(plain_reqs) == 3
+    for r in (constrained[0], spec_reqs[-1]):
+        assert r.finish_reason == "eos", tok.decode(r.output_ids)
+        assert json_output_problem(tok, r, PERSON_SCHEMA) is None, tok.decode(r.output_ids)
+    for a, b in zip(plain_reqs, spec_reqs):
+        assert b.output_ids == a.output_ids, (a.rid, tok.decode(a.output_ids),
+                                              tok.decode(b.output_ids))
+    assert spec.stats.accepted > 0 and spec.stats.steps < plain.stats.steps
+
+
+def test_grammar_request_needs_an_engine_with_token_bitmask(smol):
+    from tokensampler.demo import demo_requests
+    from tokensampler.demo.grammar import PERSON_SCHEMA, compile_json_schema
+
+    model, tok = smol
+    V = int(model.get_output_embeddings().weight.size(0))
+    reqs = demo_requests(tok, [], json_grammar=compile_json_schema(tok, V, PERSON_SCHEMA))
+    with pytest.raises(ValueError, match="enable_token_bitmask"):
+        Engine(model, tok.eos_token_id, max_batch=1).run(reqs)

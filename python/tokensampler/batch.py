@@ -20,6 +20,10 @@ class SamplingBatchInfo:
     is_all_greedy: bool = False
     # float [bs, n-1, V]: draft probabilities; switches verify to rejection sampling.
     draft_probs: torch.Tensor | None = None
+    # int32 [rows, ceil(V/32)] in xgrammar's layout (bit j of word w allows token 32w + j; rows =
+    # bs for sample, bs * n for verify): disallowed tokens are -inf before every rule (DESIGN
+    # §3.0). Needs config.enable_token_bitmask.
+    token_bitmask: torch.Tensor | None = None
 
 
 @dataclass

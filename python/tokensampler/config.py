@@ -43,6 +43,9 @@ class SamplingBackendConfig:
     penalty_history_capacity: int = 4096
     # Logit-bias entries per request (gumbel_full).
     logit_bias_capacity: int = 256
+    # Accept SamplingBatchInfo.token_bitmask (grammar masks): allocates, once, an fp32 copy of
+    # the logits rows and the unpacked bits (~9 bytes per row and token) that masked steps use.
+    enable_token_bitmask: bool = False
 
     @property
     def pool_rows(self) -> int:
@@ -64,6 +67,10 @@ class SamplingBackendConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name}={value!r} must be an int, got {type(value).__name__}")
+
+        if not isinstance(self.enable_token_bitmask, bool):
+            raise TypeError(f"enable_token_bitmask={self.enable_token_bitmask!r} must be a bool, "
+                            f"got {type(self.enable_token_bitmask).__name__}")
 
         # Bounds keep every row and slot index in int32 and the buffers allocatable.
         need(1 <= self.max_bs <= MAX_BS, f"max_bs={self.max_bs!r} must be in [1, {MAX_BS}]")

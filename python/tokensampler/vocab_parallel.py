@@ -189,6 +189,10 @@ class VocabParallelSampler:
                     candidates: torch.Tensor | None = None) -> torch.Tensor:
         """Tokens int32[rows] for shard logits [rows, shard_size] (rows = bs * n)."""
         b = self.backend
+        if info.token_bitmask is not None:
+            # Refused, not ignored: the shard would need its slice of the bits (DESIGN §3.0).
+            raise ValueError("token_bitmask is not supported by vocab-parallel sampling yet: "
+                             "mask the shard's logits before calling it")
         if shard_logits.dim() != 2 or shard_logits.size(1) != self.shard_size:
             raise ValueError(f"shard logits shape {tuple(shard_logits.shape)} is not "
                              f"[rows, shard_size={self.shard_size}]")

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ..batch import LogitsProcessorOutput, SamplingBatchInfo
+from ..bitmask import TokenBitmaskScratch, apply_token_bitmask
 from ..build import check_device_supported
 from ..config import SamplingBackendConfig
 from ..graphs import CUDA_GRAPH_VARIANT_DEFAULT
@@ -57,6 +58,9 @@ class SamplingBackend(ABC):
                             if n_top > 0 else None)
         self._top_ids = (torch.zeros((rows, n_top), dtype=torch.int64, device=self.device)
                          if n_top > 0 else None)
+        # Masked-logits buffers of DESIGN §3.0, only when the engine will pass token_bitmask.
+        self._bitmask_scratch = (TokenBitmaskScratch(rows, config.vocab_size, self.device)
+                                 if config.enable_token_bitmask else None)
         self._tp_group = None
         self._tp_src = None
         if config.enable_tp_sync and config.tp_group is not None and len(config.tp_group) > 1:
@@ -138,6 +142,19 @@ class SamplingBackend(ABC):
     # ---- shared checks ----
     def _checked_logits(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo,
                         rows_per_req: int) -> torch.Tensor:
+        """The step's logits, after every check of the logits and of sampling_info, with
+        sampling_info.token_bitmask applied (fp32, disallowed tokens -inf) when it is given."""
+        logits = self._validated_logits(logits_output, sampling_info, rows_per_req)
+        return self._masked(logits, sampling_info)
+
+    def _masked(self, logits: torch.Tensor, sampling_info: SamplingBatchInfo) -> torch.Tensor:
+        """DESIGN §3.0: every route of sample and verify reads the logits through here."""
+        if sampling_info.token_bitmask is None:
+            return logits
+        return apply_token_bitmask(logits, sampling_info.token_bitmask, self._bitmask_scratch)
+
+    def _validated_logits(self, logits_output: LogitsProcessorOutput,
+                          sampling_info: SamplingBatchInfo, rows_per_req: int) -> torch.Tensor:
         """The step's logits, after every check of the logits and of sampling_info."""
         if not isinstance(logits_output, LogitsProcessorOutput):
             raise TypeError(f"logits_output must be a LogitsProcessorOutput, got "
@@ -161,6 +178,8 @@ class SamplingBackend(ABC):
             raise ValueError(f"next_token_logits has {rows} rows: not a whole number of at most "
                              f"max_bs={self.config.max_bs} requests of {rows_per_req} rows")
         checks.check_batch_info(self.config, self.device, sampling_info, rows // rows_per_req)
+        if sampling_info.token_bitmask is not None:
+            checks.check_token_bitmask(self.config, self.device, sampling_info.token_bitmask, rows)
         return logits if logits.stride(1) == 1 else logits.contiguous()
 
     def _checked_verify(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo,
@@ -169,14 +188,14 @@ class SamplingBackend(ABC):
         candidates = checks.check_candidates(candidates, self.device,
                                              self.config.max_draft_tokens_per_req)
         bs, n = candidates.shape
-        logits = self._checked_logits(logits_output, sampling_info, n)
+        logits = self._validated_logits(logits_output, sampling_info, n)
         if bs * n != logits.size(0):
             raise ValueError(f"candidates shape {(bs, n)} does not match {logits.size(0)} "
                              f"logits rows")
         if sampling_info.draft_probs is not None:
             checks.check_draft_probs(sampling_info.draft_probs, self.device, bs, n,
                                      self.config.vocab_size)
-        return logits, candidates
+        return self._masked(logits, sampling_info), candidates
 
     def _publish_logprobs(self, logits_output: LogitsProcessorOutput, rows: int) -> None:
         if self._logprobs is not None:

