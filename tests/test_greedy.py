@@ -53,3 +53,20 @@ def test_greedy_logprobs_raw_and_processed():
         want = ref.gather(1, tokens.long().unsqueeze(1)).squeeze(1) if expect is None else torch.zeros(2)
         torch.testing.assert_close(out.next_token_logprobs, want, atol=1e-5, rtol=0)
         assert torch.equal(out.next_token_top_logprobs_idx, ref.topk(3, -1).indices)
+
+
+def test_rows_without_finite_or_inf_logits_are_flagged_invalid():
+    """DESIGN §3.1 for the greedy backend too: token 0 and invalid_rows set, in sample and
+    verify; rows with a finite or +inf entry are not flagged."""
+    b = ts.create_backend("greedy", make_config())
+    logits = torch.randn(4, VOCAB)
+    logits[1] = float("-inf")
+    logits[2] = float("nan")
+    logits[3] = float("-inf")
+    logits[3, 7] = float("inf")
+    tokens, _ = b.sample(ts.LogitsProcessorOutput(logits), batch_info([1, 2, 3, 4]))
+    assert tokens.tolist()[1:] == [0, 0, 7]
+    assert b.invalid_rows[:4].tolist() == [False, True, True, False]
+    candidates = torch.zeros(2, 2, dtype=torch.int32)
+    b.verify(ts.LogitsProcessorOutput(logits), batch_info([1, 2]), candidates)
+    assert b.invalid_rows[:4].tolist() == [False, True, True, False]
