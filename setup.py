@@ -49,6 +49,17 @@ def _pip_cuda_dirs():
     return None, None
 
 
+def _build_tool(module: str, attr: str, name: str) -> str:
+    """A build tool from its pip package (cmake and ninja are build requirements), so a build
+    run without the venv on PATH does not pick up an older system cmake (3.25 cannot give nvcc
+    13 the C++20 dialect); PATH otherwise."""
+    try:
+        path = Path(getattr(__import__(module), attr)) / name
+    except (ImportError, AttributeError):
+        return name
+    return str(path) if path.exists() else name
+
+
 class CMakeExtension(Extension):
     def __init__(self, name):
         super().__init__(name, sources=[])
@@ -63,8 +74,10 @@ class CMakeBuild(build_ext):
         build_dir = Path(self.build_temp).resolve() / ext.name
         build_dir.mkdir(parents=True, exist_ok=True)
         use_cuda = _want_cuda(torch)
+        cmake = _build_tool("cmake", "CMAKE_BIN_DIR", "cmake")
         args = [
             "-G", "Ninja",
+            f"-DCMAKE_MAKE_PROGRAM={_build_tool('ninja', 'BIN_DIR', 'ninja')}",
             f"-DCMAKE_BUILD_TYPE={'Debug' if self.debug else 'Release'}",
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
             f"-DPython_EXECUTABLE={sys.executable}",
@@ -88,8 +101,8 @@ class CMakeBuild(build_ext):
             env.setdefault("CUDA_HOME", str(cuda_home))
         jobs = env.get("MAX_JOBS", str(os.cpu_count() or 1))
         print(f"tokensampler: building with CUDA={'on' if use_cuda else 'off'}", flush=True)
-        subprocess.run(["cmake", "-S", str(ROOT), "-B", str(build_dir), *args], check=True, env=env)
-        subprocess.run(["cmake", "--build", str(build_dir), "-j", jobs], check=True, env=env)
+        subprocess.run([cmake, "-S", str(ROOT), "-B", str(build_dir), *args], check=True, env=env)
+        subprocess.run([cmake, "--build", str(build_dir), "-j", jobs], check=True, env=env)
 
 
 setup(
