@@ -77,10 +77,7 @@ class SamplingBackend(ABC):
         step = checks.check_step(self.config, request_ids, request_pool_indices,
                                  sampling_params_list, num_tokens_per_req, prompt_token_ids)
         for rid, sp in zip(step.rids, step.params):
-            if not isinstance(sp, SamplingParams):
-                raise TypeError(f"sampling_params_list entry for rid={rid!r} is a "
-                                f"{type(sp).__name__}, not SamplingParams")
-            sp.normalize(self.config.vocab_size)
+            checks.check_params(sp, rid, self.config.vocab_size)
 
     def prepare_capture(self, bs: int, num_tokens_per_req: int = 1) -> None:
         """Per-step refill for capture warm-up. Default: nothing to refill."""

@@ -16,9 +16,10 @@ import torch
 from ..batch import SamplingBatchInfo
 from ..bitmask import bitmask_words
 from ..config import SamplingBackendConfig
+from ..params import SamplingParams
 
 __all__ = ["StepRequests", "check_step", "check_batch_info", "check_candidates",
-           "check_draft_probs", "check_prompt", "check_token_bitmask"]
+           "check_draft_probs", "check_params", "check_prompt", "check_token_bitmask"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -91,6 +92,14 @@ def check_step(config: SamplingBackendConfig, request_ids, request_pool_indices,
                         tokens_per_req)
 
 
+def check_params(sp, rid: str, vocab_size: int) -> SamplingParams:
+    """One request's SamplingParams, normalised (SamplingParams.normalize checks every field)."""
+    if not isinstance(sp, SamplingParams):
+        raise TypeError(f"sampling_params_list entry for rid={rid!r} is a {type(sp).__name__}, "
+                        f"not SamplingParams")
+    return sp.normalize(vocab_size)
+
+
 def check_prompt(prompt, i: int, vocab_size: int) -> list[int] | None:
     """prompt_token_ids[i] as a list of ints in [0, vocab_size), or None."""
     if prompt is None:
@@ -109,7 +118,9 @@ def check_prompt(prompt, i: int, vocab_size: int) -> list[int] | None:
     return tokens
 
 
-def _int_tensor(t, name: str, device: torch.device, *, dtypes=(torch.int32,)) -> torch.Tensor:
+def _tensor(t, name: str, device: torch.device, *, dtypes=(torch.int32,)) -> torch.Tensor:
+    """A tensor argument: a tensor (TypeError), of one of `dtypes` (TypeError), on the backend's
+    device (ValueError); shapes are the caller's."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
@@ -134,11 +145,11 @@ def check_batch_info(config: SamplingBackendConfig, device: torch.device,
                                            and info_device.index != device.index):
         raise ValueError(f"sampling_info.device={info.device!r} differs from this backend's "
                          f"config.device {device}")
-    pool = _int_tensor(info.req_pool_indices, "req_pool_indices", device)
+    pool = _tensor(info.req_pool_indices, "req_pool_indices", device)
     if pool.dim() != 1 or pool.size(0) < bs:
         raise ValueError(f"req_pool_indices must be 1-D with at least {bs} entries, got shape "
                          f"{tuple(pool.shape)}")
-    lengths = _int_tensor(info.valid_cache_lengths, "valid_cache_lengths", device)
+    lengths = _tensor(info.valid_cache_lengths, "valid_cache_lengths", device)
     if lengths.dim() != 1 or lengths.size(0) < config.pool_rows:
         raise ValueError(f"valid_cache_lengths must be 1-D with one entry per pool row "
                          f"({config.pool_rows}), got shape {tuple(lengths.shape)}")
@@ -146,7 +157,7 @@ def check_batch_info(config: SamplingBackendConfig, device: torch.device,
 
 def check_candidates(candidates, device: torch.device, max_n: int) -> torch.Tensor:
     """candidates as a contiguous int32 [bs, n] tensor (int64 is narrowed: ids fit int32)."""
-    candidates = _int_tensor(candidates, "candidates", device, dtypes=(torch.int32, torch.int64))
+    candidates = _tensor(candidates, "candidates", device, dtypes=(torch.int32, torch.int64))
     if candidates.dim() != 2 or candidates.size(1) < 1:
         raise ValueError(f"candidates must be [bs, n] with n >= 1, got shape "
                          f"{tuple(candidates.shape)}")
@@ -160,33 +171,21 @@ def check_candidates(candidates, device: torch.device, max_n: int) -> torch.Tens
 
 
 def check_draft_probs(draft_probs, device: torch.device, bs: int, n: int, vocab: int) -> None:
-    if not isinstance(draft_probs, torch.Tensor):
-        raise TypeError(f"draft_probs must be a tensor, got {type(draft_probs).__name__}")
-    if draft_probs.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"draft_probs must be float32, float16 or bfloat16, got {draft_probs.dtype}")
+    _tensor(draft_probs, "draft_probs", device, dtypes=_FLOAT_DTYPES)
     if tuple(draft_probs.shape) != (bs, n - 1, vocab):
         raise ValueError(f"draft_probs must be [bs, n-1, V] = [{bs}, {n - 1}, {vocab}], got "
                          f"{tuple(draft_probs.shape)}")
-    if draft_probs.device != device:
-        raise ValueError(f"draft_probs is on {draft_probs.device}, but this backend's "
-                         f"config.device is {device}")
 
 
 def check_token_bitmask(config: SamplingBackendConfig, device: torch.device, bitmask,
                         rows: int) -> None:
     """sampling_info.token_bitmask: int32 [rows, ceil(V/32)] on the backend's device, given to a
     backend built with enable_token_bitmask."""
-    if not isinstance(bitmask, torch.Tensor):
-        raise TypeError(f"token_bitmask must be a tensor, got {type(bitmask).__name__}")
-    if not config.enable_token_bitmask:
+    if isinstance(bitmask, torch.Tensor) and not config.enable_token_bitmask:
         raise ValueError("token_bitmask was given, but this backend was built with "
                          "config.enable_token_bitmask=False (it allocates the masking buffers)")
-    if bitmask.dtype != torch.int32:
-        raise TypeError(f"token_bitmask must be torch.int32, got {bitmask.dtype}")
+    _tensor(bitmask, "token_bitmask", device)
     words = bitmask_words(config.vocab_size)
     if tuple(bitmask.shape) != (rows, words):
         raise ValueError(f"token_bitmask must be [rows, ceil(vocab_size/32)] = [{rows}, {words}], "
                          f"got {tuple(bitmask.shape)}")
-    if bitmask.device != device:
-        raise ValueError(f"token_bitmask is on {bitmask.device}, but this backend's "
-                         f"config.device is {device}")

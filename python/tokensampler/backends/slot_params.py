@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import _C
 from ..params import GREEDY_TEMPERATURE, SamplingParams, derive_seed
+from .checks import check_params
 
 
 def seed_for(sp: SamplingParams, rid: str) -> int:
@@ -27,13 +28,11 @@ def unsupported_field(sp: SamplingParams) -> str | None:
 
 
 def to_slot_params(sp: SamplingParams, rid: str, vocab_size: int) -> _C.SlotParams:
-    if not isinstance(sp, SamplingParams):
-        raise TypeError(f"sampling_params_list entry for rid={rid!r} is a {type(sp).__name__}, "
-                        f"not SamplingParams")
-    sp.normalize(vocab_size)
+    sp = check_params(sp, rid, vocab_size)
     return _C.SlotParams(
         # Below GREEDY_TEMPERATURE the slot is greedy: the kernels see temperature 0.
-        temperature=0.0 if sp.temperature < GREEDY_TEMPERATURE else sp.temperature, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p,
+        temperature=0.0 if sp.temperature < GREEDY_TEMPERATURE else sp.temperature,
+        top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p,
         repetition_penalty=sp.repetition_penalty, frequency_penalty=sp.frequency_penalty,
         presence_penalty=sp.presence_penalty, seed=seed_for(sp, rid),
         logit_bias=sorted((sp.logit_bias or {}).items()))
