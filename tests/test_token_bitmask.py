@@ -202,6 +202,8 @@ def _bad_masks(device):
         (good.reshape(-1), ValueError, "[4, 32]"),
         (torch.full((BS, WORDS + 1), -1, dtype=torch.int32, device=device), ValueError, "[4, 32]"),
         (good.to(other), ValueError, "is on"),
+        (torch.full((WORDS, BS), -1, dtype=torch.int32, device=device).t(), ValueError,
+         "contiguous"),
     ]
 
 

@@ -12,8 +12,9 @@ namespace tokensampler::cuda {
 
 namespace {
 
-void argmax_rows(const at::Tensor& logits, at::Tensor& out_tokens) {
-  check_argmax_rows_args(logits, out_tokens);
+void argmax_rows(const at::Tensor& logits, at::Tensor& out_tokens,
+                 const std::optional<at::Tensor>& token_bitmask) {
+  check_argmax_rows_args(logits, out_tokens, token_bitmask);
   const int64_t rows = logits.size(0);
   if (rows == 0) return;
   const c10::cuda::CUDAGuard guard(logits.device());
@@ -22,7 +23,9 @@ void argmax_rows(const at::Tensor& logits, at::Tensor& out_tokens) {
   dispatch_logits_dtype(logits.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     argmax_rows_kernel<T, kThreads><<<rows, kThreads, 0, stream>>>(
-        logits.data_ptr<T>(), logits.stride(0), static_cast<int32_t>(logits.size(1)),
+        logits.data_ptr<T>(), logits.stride(0),
+        token_bitmask ? token_bitmask->data_ptr<int32_t>() : nullptr,
+        token_bitmask ? token_bitmask->stride(0) : 0, static_cast<int32_t>(logits.size(1)),
         out_tokens.data_ptr<int32_t>());
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -1,9 +1,10 @@
-// Row argmax (greedy sampling): NaN counts as -inf, ties go to the lowest token id.
+// Row argmax (greedy sampling): NaN and tokens the grammar bitmask disallows count as -inf, ties
+// go to the lowest token id.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include "tokensampler/row_rules.h"
+#include "logits_row.cuh"
 
 namespace tokensampler::cuda {
 
@@ -28,12 +29,13 @@ __device__ __forceinline__ ArgmaxCandidate warp_argmax(ArgmaxCandidate c) {
 
 // One block per row. Each thread scans a strided slice, then warps and the block reduce.
 template <typename T, int kThreads>
-__global__ void argmax_rows_kernel(const T* __restrict__ logits, int64_t row_stride, int32_t vocab,
-                                   int32_t* __restrict__ out_tokens) {
-  const T* row = logits + blockIdx.x * row_stride;
+__global__ void argmax_rows_kernel(const T* __restrict__ logits, int64_t row_stride,
+                                   const int32_t* __restrict__ token_bitmask, int64_t bitmask_stride,
+                                   int32_t vocab, int32_t* __restrict__ out_tokens) {
+  const LogitsRow<T> row = logits_row(logits, row_stride, token_bitmask, bitmask_stride, blockIdx.x);
   ArgmaxCandidate best{kNegInf, vocab};
   for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
-    best = better_of(best, ArgmaxCandidate{sanitize_logit(static_cast<float>(row[i])), i});
+    best = better_of(best, ArgmaxCandidate{row.raw(i), i});
   }
   best = warp_argmax(best);
   __shared__ ArgmaxCandidate per_warp[kThreads / 32];

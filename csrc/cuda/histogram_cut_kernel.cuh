@@ -165,12 +165,13 @@ __device__ CutBin find_cut(const Args& a, int64_t r, bool by_mass, int32_t k, fl
 
 // One round of kLoadsInFlight 16-byte loads per thread, processed (penalties, bias) by `f`.
 template <typename T, typename F>
-__device__ __forceinline__ void for_each_round(const T* row, int32_t begin, int32_t end, F&& f) {
+__device__ __forceinline__ void for_each_round(const LogitsRow<T>& row, int32_t begin, int32_t end,
+                                               F&& f) {
   for (int32_t round = begin; round < end; round += kRoundTokens) {
     float l[kLoadsInFlight][4];
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u)
-      split_row::load4(row, round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)), end, l[u]);
+      load4(row, round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)), end, l[u]);
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u)
       f(l[u], round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)));
@@ -224,7 +225,7 @@ __global__ void __launch_bounds__(kChunkThreads) stats_kernel(const T* __restric
   Candidate argmax{kNegInf, kNoId};
   float raw_m = kNegInf, raw_s = 0.0f;
   int32_t inf_count = 0;
-  for_each_round(logits + c.r * a.row_stride, c.begin, c.end, [&](float (&x)[4], int32_t i) {
+  for_each_round(a.row_of(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
     split_row::process_group(x, i, c.begin, c.end, a, bitmap, pen, inf_count, raw_m, raw_s, &argmax);
   });
   argmax = split_row::block_best<kChunkThreads>(argmax, scratch);
@@ -294,7 +295,7 @@ __global__ void __launch_bounds__(kChunkThreads) histogram_kernel(const T* __res
   __syncthreads();
 
   const split_row::Args quiet = without_raw(a);
-  for_each_round(logits + c.r * a.row_stride, c.begin, c.end, [&](float (&x)[4], int32_t i) {
+  for_each_round(a.row_of(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
     if (processed_group(x, i, c, quiet, bitmap, pen) == kNegInf) return;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -343,7 +344,7 @@ __global__ void __launch_bounds__(kChunkThreads) select_kernel(const T* __restri
   const split_row::Args quiet = without_raw(a);
   Candidate best{kNegInf, kNoId};
   Candidate* list = a.chunk_candidates + c.r * kCutCap;
-  for_each_round(logits + c.r * a.row_stride, c.begin, c.end, [&](float (&x)[4], int32_t i) {
+  for_each_round(a.row_of(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
     processed_group(x, i, c, quiet, bitmap, pen);
     float z[4], sure_max = kNegInf;
     bool sure[4], listed[4];
@@ -387,7 +388,7 @@ struct FinishSmem {
 };
 
 template <typename T>
-__device__ int32_t fallback_token(const T* x, const Args& a, const RowParams& p, int64_t r,
+__device__ int32_t fallback_token(const LogitsRow<T>& x, const Args& a, const RowParams& p, int64_t r,
                                   SampleSmem& sm) {
   const int32_t slot = a.req_pool_indices[r / a.tokens_per_req];
   const PenaltySource pen = split_row::penalty_source(a, p, r);
@@ -407,7 +408,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
     write_unreadable_row(r, a.out_tokens, a.out_invalid, a.out_logprobs, nullptr, nullptr, 0);
     return;
   }
-  const T* x = logits + r * a.row_stride;
+  const LogitsRow<T> x = a.row_of(logits, r);
   const RowStats stats = merge_stats<kFinishThreads>(a, r, sm.scratch, sm.red);
   const Candidate argmax = stats.argmax;
   const int32_t inf_count = stats.inf_count;
@@ -476,7 +477,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
     a.out_tokens[r] = token;
     a.out_invalid[r] = kind == kInvalid;
     if (a.out_logprobs != nullptr)
-      a.out_logprobs[r] = split_row::raw_logprob(sanitize_logit(static_cast<float>(x[token])), inf_count, raw_m, raw_s);
+      a.out_logprobs[r] = split_row::raw_logprob(x.raw(token), inf_count, raw_m, raw_s);
   }
 }
 

@@ -15,6 +15,8 @@ namespace {
 
 struct SampleArgs {
   int64_t row_stride;
+  const int32_t* token_bitmask;  // [rows, ceil(V / 32)] or null (DESIGN §3.0)
+  int64_t bitmask_stride;
   int32_t vocab;
   const int32_t* req_pool_indices;
   const int32_t* valid_cache_lengths;
@@ -45,7 +47,7 @@ __global__ void __launch_bounds__(kSampleThreads)
                          a.out_top_ids, a.top_n);
     return;
   }
-  const T* x = logits + r * a.row_stride;
+  const LogitsRow<T> x = logits_row(logits, a.row_stride, a.token_bitmask, a.bitmask_stride, r);
   const RowInput row = make_row(a.slot_table + static_cast<int64_t>(slot) * a.layout.row_words(),
                                 a.layout, int64_t{a.valid_cache_lengths[slot]} + j,
                                 a.candidates ? a.candidates + b * a.tokens_per_req + 1 : nullptr,
@@ -78,7 +80,7 @@ __global__ void __launch_bounds__(kSampleThreads)
           }
         }
       } else {
-        lp = raw_logprob_of(p, load_raw(x, token));
+        lp = raw_logprob_of(p, x.raw(token));
       }
       a.out_logprobs[r] = lp;
     }
@@ -89,7 +91,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     for (int32_t n = 0; n < a.top_n; ++n) {
       Best best{kNegInf, kNoId};
       for (int32_t i = threadIdx.x; i < a.vocab; i += kSampleThreads) {
-        const float v = load_raw(x, i);
+        const float v = x.raw(i);
         if (prev.i >= 0 && !ranks_before(prev.v, prev.i, v, i)) continue;
         best = better(best, Best{v, i});
       }
@@ -113,11 +115,12 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
                  const std::optional<at::Tensor>& out_logprobs,
                  const std::optional<at::Tensor>& out_top_values,
                  const std::optional<at::Tensor>& out_top_ids,
-                 const std::optional<at::Tensor>& workspace) {
+                 const std::optional<at::Tensor>& workspace,
+                 const std::optional<at::Tensor>& token_bitmask) {
   check_sample_rows_call(logits, req_pool_indices, valid_cache_lengths, slot_table,
                          history_capacity, bias_capacity, tokens_per_req, candidates,
                          logprobs_mode, route, max_top_k, out_tokens, out_invalid, out_logprobs,
-                         out_top_values, out_top_ids, workspace);
+                         out_top_values, out_top_ids, workspace, token_bitmask);
   const int64_t rows = logits.size(0);
   const int64_t top_n = out_top_values ? out_top_values->size(1) : 0;
   if (rows == 0) return;
@@ -126,11 +129,14 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
   const SampleRowsCall call{logits, req_pool_indices, valid_cache_lengths, slot_table, layout,
                             tokens_per_req, candidates, apply_penalties, logprobs_mode,
                             static_cast<Route>(route), max_top_k,
-                            out_tokens, out_invalid, out_logprobs, top_n > 0, workspace};
+                            out_tokens, out_invalid, out_logprobs, top_n > 0, workspace,
+                            token_bitmask};
   if (split_row::try_sample(call) || histogram_cut::try_sample(call)) return;
   const auto stream = at::cuda::getCurrentCUDAStream();
   SampleArgs a;
   a.row_stride = logits.stride(0);
+  a.token_bitmask = token_bitmask ? token_bitmask->data_ptr<int32_t>() : nullptr;
+  a.bitmask_stride = token_bitmask ? token_bitmask->stride(0) : 0;
   a.vocab = static_cast<int32_t>(logits.size(1));
   a.req_pool_indices = req_pool_indices.data_ptr<int32_t>();
   a.valid_cache_lengths = valid_cache_lengths.data_ptr<int32_t>();

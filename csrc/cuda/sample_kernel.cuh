@@ -15,6 +15,7 @@
 
 #include <cub/block/block_scan.cuh>
 
+#include "logits_row.cuh"
 #include "penalty_lookup.cuh"
 #include "row_outputs.cuh"
 #include "tokensampler/rng.h"
@@ -172,11 +173,6 @@ __device__ __forceinline__ RowInput make_row(const int32_t* slot_words, SlotLayo
   return r;
 }
 
-template <typename T>
-__device__ __forceinline__ float load_raw(const T* x, int32_t i) {
-  return sanitize_logit(static_cast<float>(x[i]));
-}
-
 __device__ __forceinline__ PenaltySource penalty_source(const RowInput& row) {
   return PenaltySource{row.slot, row.drafts, row.num_drafts};
 }
@@ -194,9 +190,9 @@ __device__ __forceinline__ float processed_logit(const RowInput& row, const Samp
 }
 
 template <typename T>
-__device__ __forceinline__ float load_processed(const T* x, const RowInput& row,
+__device__ __forceinline__ float load_processed(const LogitsRow<T>& x, const RowInput& row,
                                                 const SampleSmem& sm, int32_t i) {
-  return processed_logit(row, sm, i, load_raw(x, i));
+  return processed_logit(row, sm, i, x.raw(i));
 }
 
 // Order-preserving key, smaller = ranks earlier (z descending). -0 and +0 share a key.
@@ -294,7 +290,7 @@ struct Boundary {
 // Radix select over the finite tokens' keys. Count mode: the prefix of `count` tokens. Mass
 // mode: the top-p prefix for limit (limit < 0: p * total mass of all finite tokens).
 template <typename T>
-__device__ Boundary radix_select(const T* x, const RowInput& row, float z_max, SampleSmem& sm,
+__device__ Boundary radix_select(const LogitsRow<T>& x, const RowInput& row, float z_max, SampleSmem& sm,
                                  bool mass_mode, int32_t count, float p, float limit,
                                  bool need_mass) {
   const int32_t V = row.vocab;
@@ -407,7 +403,7 @@ __device__ Boundary radix_select(const T* x, const RowInput& row, float z_max, S
 
 // Steps 1–6 for one row; pass 1 also samples rows without filters (fused Gumbel-max).
 template <typename T>
-__device__ RowPlan plan_row(const T* x, const RowInput& row, SampleSmem& sm, bool want_raw) {
+__device__ RowPlan plan_row(const LogitsRow<T>& x, const RowInput& row, SampleSmem& sm, bool want_raw) {
   const int32_t V = row.vocab;
   build_penalty_filter(row, sm);
   RowPlan p;
@@ -437,7 +433,7 @@ __device__ RowPlan plan_row(const T* x, const RowInput& row, SampleSmem& sm, boo
     for (int q = 0; q < 4; ++q) {
       const int32_t i = (g << 2) + q;
       if (i >= V) break;
-      const float r = load_raw(x, i);
+      const float r = x.raw(i);
       if (want_raw) {
         if (r == INFINITY) ++raw_inf;
         else add_ms(rm, rs, r);
@@ -520,7 +516,7 @@ __device__ RowPlan plan_row(const T* x, const RowInput& row, SampleSmem& sm, boo
 
 // Gumbel-max over the kept set (step 7); optionally the kept mass sum exp(z - z_max) in double.
 template <typename T>
-__device__ Best kept_sample(const T* x, const RowInput& row, const RowPlan& p, SampleSmem& sm,
+__device__ Best kept_sample(const LogitsRow<T>& x, const RowInput& row, const RowPlan& p, SampleSmem& sm,
                             bool want_total, double* total_out) {
   const int32_t V = row.vocab;
   Best best{kNegInf, kNoId};
@@ -553,7 +549,7 @@ __device__ Best kept_sample(const T* x, const RowInput& row, const RowPlan& p, S
 // The token of a planned row: its argmax (greedy), the sample fused into pass 1 (no filters),
 // or Gumbel-max over the kept set (kept_sample's total as there).
 template <typename T>
-__device__ int32_t planned_token(const T* x, const RowInput& row, const RowPlan& p, SampleSmem& sm,
+__device__ int32_t planned_token(const LogitsRow<T>& x, const RowInput& row, const RowPlan& p, SampleSmem& sm,
                                  bool want_total, double* total) {
   if (p.kind == kRowGreedy) return p.best;
   if (p.kind == kRowFilter && p.fused) return p.fused_token;

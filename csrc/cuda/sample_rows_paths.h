@@ -30,6 +30,7 @@ struct SampleRowsCall {
   const std::optional<at::Tensor>& out_logprobs;
   bool want_top_n;
   const std::optional<at::Tensor>& workspace;  // uint8, sample_rows_workspace_bytes(rows) or more
+  const std::optional<at::Tensor>& token_bitmask;  // int32 [rows, ceil(V / 32)] (DESIGN §3.0)
 };
 
 namespace split_row {

@@ -34,6 +34,7 @@
 #include <cuda_runtime.h>
 
 #include "block_select.cuh"
+#include "logits_row.cuh"
 #include "penalty_lookup.cuh"
 #include "row_outputs.cuh"
 #include "tokensampler/rng.h"
@@ -203,6 +204,8 @@ __device__ __forceinline__ Candidate load_candidate(const Candidate* at) {
 
 struct Args {
   int64_t row_stride;
+  const int32_t* token_bitmask;  // [rows, ceil(V / 32)] or null (DESIGN §3.0)
+  int64_t bitmask_stride;
   int32_t vocab;
   int32_t splits;
   int32_t chunk_len;
@@ -224,6 +227,11 @@ struct Args {
   int32_t* out_tokens;
   bool* out_invalid;
   float* out_logprobs;
+
+  template <typename T>
+  __device__ __forceinline__ LogitsRow<T> row_of(const T* logits, int64_t r) const {
+    return logits_row(logits, row_stride, token_bitmask, bitmask_stride, r);
+  }
 };
 
 struct RowParams {
@@ -261,27 +269,6 @@ __device__ __forceinline__ RowParams row_params(const Args& a, int64_t r) {
 __device__ __forceinline__ PenaltySource penalty_source(const Args& a, const RowParams& p, int64_t r) {
   const int32_t* drafts = a.candidates ? a.candidates + (r - p.row_in_req) + 1 : nullptr;
   return PenaltySource{p.slot, drafts, drafts ? p.row_in_req : 0};
-}
-
-template <typename T>
-__device__ __forceinline__ void load4(const T* row, int32_t i, int32_t end, float out[4]) {
-  if constexpr (sizeof(T) == 4) {
-    if (i + 3 < end && (reinterpret_cast<uintptr_t>(row + i) & 15) == 0) {
-      const float4 v = __ldcs(reinterpret_cast<const float4*>(row + i));
-      out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
-      return;
-    }
-  } else {
-    if (i + 3 < end && (reinterpret_cast<uintptr_t>(row + i) & 7) == 0) {
-      const uint2 v = __ldcs(reinterpret_cast<const uint2*>(row + i));
-      const T* h = reinterpret_cast<const T*>(&v);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) out[q] = static_cast<float>(h[q]);
-      return;
-    }
-  }
-#pragma unroll
-  for (int q = 0; q < 4; ++q) out[q] = i + q < end ? static_cast<float>(row[i + q]) : kNegInf;
 }
 
 // The k-th largest of the threads' values (a lower bound of the k-th largest z of the round:
@@ -490,8 +477,7 @@ __device__ __forceinline__ void finish_row(const T* __restrict__ logits, const A
     a.out_tokens[r] = token;
     a.out_invalid[r] = invalid;
     if (a.out_logprobs != nullptr) {
-      const float raw = sanitize_logit(static_cast<float>(logits[r * a.row_stride + token]));
-      a.out_logprobs[r] = raw_logprob(raw, inf_count, raw_m, raw_s);
+      a.out_logprobs[r] = raw_logprob(a.row_of(logits, r).raw(token), inf_count, raw_m, raw_s);
     }
   }
 }
@@ -522,7 +508,7 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
       write_unreadable_row(r, a.out_tokens, a.out_invalid, a.out_logprobs, nullptr, nullptr, 0);
     return;  // the whole block; this row's ticket is never taken
   }
-  const T* row = logits + r * a.row_stride;
+  const LogitsRow<T> row = a.row_of(logits, r);
   const bool top_k_rows = !p.greedy && p.top_k_on && a.k_cap > 0;
   const int32_t k = min(p.top_k, a.k_cap);
   uint32_t* bitmap = reinterpret_cast<uint32_t*>(dyn_smem);

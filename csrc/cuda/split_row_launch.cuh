@@ -21,6 +21,8 @@ namespace tokensampler::cuda::split_row {
 inline Args common_args(const SampleRowsCall& c) {
   Args a{};
   a.row_stride = c.logits.stride(0);
+  a.token_bitmask = c.token_bitmask ? c.token_bitmask->data_ptr<int32_t>() : nullptr;
+  a.bitmask_stride = c.token_bitmask ? c.token_bitmask->stride(0) : 0;
   a.vocab = static_cast<int32_t>(c.logits.size(1));
   a.req_pool_indices = c.req_pool_indices.data_ptr<int32_t>();
   a.valid_cache_lengths = c.valid_cache_lengths.data_ptr<int32_t>();

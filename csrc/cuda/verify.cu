@@ -122,6 +122,8 @@ void append_history(at::Tensor& slot_table, int64_t history_capacity, int64_t bi
 
 struct RejectionArgs {
   int64_t row_stride;
+  const int32_t* token_bitmask;  // [bs * n, ceil(V / 32)] or null (DESIGN §3.0)
+  int64_t bitmask_stride;
   int32_t vocab;
   const int32_t* req_pool_indices;
   const int32_t* valid_cache_lengths;
@@ -163,7 +165,8 @@ __global__ void __launch_bounds__(kSampleThreads)
   const int32_t* cand = a.candidates + b * n;
   int32_t j = 0;
   for (; j < n; ++j) {
-    const T* x = logits + (b * n + j) * a.row_stride;
+    const LogitsRow<T> x =
+        logits_row(logits, a.row_stride, a.token_bitmask, a.bitmask_stride, b * n + j);
     const RowInput row = make_row(words, a.layout, t + j, cand + 1, j, V, a.apply_penalties);
     const RowPlan p = plan_row(x, row, sm, false);
     // The row's own §3 sample (block-uniform: every thread takes the same branches).
@@ -230,10 +233,11 @@ void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indic
                       const at::Tensor& candidates, const at::Tensor& draft_probs,
                       bool apply_penalties, int64_t route, int64_t max_top_k,
                       at::Tensor& out_predict, at::Tensor& out_accept_length,
-                      at::Tensor& out_invalid) {
+                      at::Tensor& out_invalid, const std::optional<at::Tensor>& token_bitmask) {
   check_verify_rejection_args(logits, req_pool_indices, valid_cache_lengths, slot_table,
                               history_capacity, bias_capacity, candidates, draft_probs, route,
-                              max_top_k, out_predict, out_accept_length, out_invalid);
+                              max_top_k, out_predict, out_accept_length, out_invalid,
+                              token_bitmask);
   const int64_t bs = candidates.size(0), n = candidates.size(1);
   const int32_t V = static_cast<int32_t>(logits.size(1));
   if (bs == 0) return;
@@ -246,6 +250,8 @@ void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indic
                            : draft_probs.to(at::kFloat).contiguous();
   RejectionArgs a;
   a.row_stride = logits.stride(0);
+  a.token_bitmask = token_bitmask ? token_bitmask->data_ptr<int32_t>() : nullptr;
+  a.bitmask_stride = token_bitmask ? token_bitmask->stride(0) : 0;
   a.vocab = V;
   a.req_pool_indices = req_pool_indices.data_ptr<int32_t>();
   a.valid_cache_lengths = valid_cache_lengths.data_ptr<int32_t>();

@@ -91,9 +91,31 @@ inline void check_route(int64_t route, int64_t max_top_k) {
   TORCH_CHECK_VALUE(max_top_k >= 0, "max_top_k=", max_top_k, " must be >= 0 (0: unknown)");
 }
 
-inline void check_argmax_rows_args(const at::Tensor& logits, const at::Tensor& out_tokens) {
+// token_bitmask: int32 [rows, ceil(V / 32)] (DESIGN §3.0), one row per logits row, rows contiguous.
+inline void check_token_bitmask(const std::optional<at::Tensor>& token_bitmask,
+                                const at::Tensor& logits) {
+  if (!token_bitmask) return;
+  const at::Tensor& m = *token_bitmask;
+  TORCH_CHECK_TYPE(m.scalar_type() == at::kInt, "token_bitmask must be int32, got ", m.scalar_type());
+  const c10::SymInt words = (logits.sym_size(1) + 31) / 32;
+  TORCH_CHECK_VALUE(m.dim() == 2 && holds(m.sym_size(0) == logits.sym_size(0)) &&
+                        holds(m.sym_size(1) == words) && holds(m.sym_stride(1) == 1),
+                    "token_bitmask must be [rows, ceil(vocab/32)] = [", logits.sym_size(0), ", ",
+                    words, "] with contiguous rows, got ", m.sym_sizes());
+  TORCH_CHECK_VALUE(m.device() == logits.device(), "token_bitmask is on ", m.device(),
+                    ", expected ", logits.device());
+}
+
+// Row r of a checked token_bitmask; null without one.
+inline const int32_t* token_bitmask_row(const std::optional<at::Tensor>& token_bitmask, int64_t r) {
+  return token_bitmask ? token_bitmask->data_ptr<int32_t>() + r * token_bitmask->stride(0) : nullptr;
+}
+
+inline void check_argmax_rows_args(const at::Tensor& logits, const at::Tensor& out_tokens,
+                                   const std::optional<at::Tensor>& token_bitmask) {
   check_logits(logits);
   check_int32_vector(out_tokens, "out_tokens", logits.sym_size(0), logits.device());
+  check_token_bitmask(token_bitmask, logits);
 }
 
 // The optional logprob outputs of sample_rows.
@@ -156,7 +178,7 @@ inline void check_sample_rows_call(
     int64_t logprobs_mode, int64_t route, int64_t max_top_k, const at::Tensor& out_tokens,
     const at::Tensor& out_invalid, const std::optional<at::Tensor>& out_logprobs,
     const std::optional<at::Tensor>& out_top_values, const std::optional<at::Tensor>& out_top_ids,
-    const std::optional<at::Tensor>& workspace) {
+    const std::optional<at::Tensor>& workspace, const std::optional<at::Tensor>& token_bitmask) {
   check_sample_rows_args(logits, req_pool_indices, valid_cache_lengths, slot_table,
                          history_capacity, bias_capacity, tokens_per_req, candidates, out_tokens,
                          out_invalid);
@@ -164,6 +186,7 @@ inline void check_sample_rows_call(
   TORCH_CHECK_VALUE(logprobs_mode == 0 || logprobs_mode == 1, "logprobs_mode=", logprobs_mode,
                     " must be 0 (raw) or 1 (processed)");
   check_route(route, max_top_k);
+  check_token_bitmask(token_bitmask, logits);
   if (workspace) {  // its size is checked by the CUDA paths that use it
     const at::Tensor& w = *workspace;
     TORCH_CHECK_VALUE(w.scalar_type() == at::kByte && w.dim() == 1 &&
@@ -233,7 +256,8 @@ inline void check_verify_rejection_args(
     const at::Tensor& valid_cache_lengths, const at::Tensor& slot_table, int64_t history_capacity,
     int64_t bias_capacity, const at::Tensor& candidates, const at::Tensor& draft_probs,
     int64_t route, int64_t max_top_k, const at::Tensor& out_predict,
-    const at::Tensor& out_accept_length, const at::Tensor& out_invalid) {
+    const at::Tensor& out_accept_length, const at::Tensor& out_invalid,
+    const std::optional<at::Tensor>& token_bitmask) {
   TORCH_CHECK_VALUE(candidates.dim() == 2, "candidates must be [bs, n], got ",
                     candidates.sym_sizes());
   // n sets the row grouping of every other argument: a compiled graph specialises on it.
@@ -254,6 +278,7 @@ inline void check_verify_rejection_args(
                     draft_probs.device(), ", expected ", logits.device());
   check_int32_vector(out_accept_length, "out_accept_length", bs, logits.device());
   check_route(route, max_top_k);
+  check_token_bitmask(token_bitmask, logits);
 }
 
 inline void check_append_history_args(const at::Tensor& slot_table, int64_t history_capacity,

@@ -94,7 +94,7 @@ RowDistribution filter_row(const float* logits, const RowContext& ctx) {
   RowDistribution d;
   const int32_t V = ctx.vocab;
   d.raw.resize(V);
-  for (int32_t i = 0; i < V; ++i) d.raw[i] = sanitize_logit(logits[i]);
+  for (int32_t i = 0; i < V; ++i) d.raw[i] = read_logit(logits[i], ctx.allowed, i);
   d.processed = d.raw;
   if (ctx.apply_penalties) penalize_row(d.processed.data(), ctx);
   const std::vector<float>& l = d.processed;

@@ -18,11 +18,12 @@ struct RowContext {
   int32_t num_drafts;
   bool apply_penalties;
   int32_t vocab_offset = 0;    // first token id of the row's columns (vocab-parallel shards)
+  const int32_t* allowed = nullptr;  // the row's grammar bitmask (§3.0), or null: all allowed
 };
 
 // The filtered distribution of one row.
 struct RowDistribution {
-  std::vector<float> raw;          // §3.1 output (NaN -> -inf), for raw logprobs
+  std::vector<float> raw;          // §3.0–3.1 output (masked, NaN -> -inf), for raw logprobs
   std::vector<float> processed;    // l after §3.2–3.4
   std::vector<int32_t> kept;       // kept token ids (greedy: the argmax; +inf rows: the +inf ids)
   std::vector<float> kept_z;       // z of each kept token (+inf rows: 0, i.e. uniform)

@@ -11,19 +11,27 @@ namespace tokensampler::cpu {
 
 namespace {
 
-void argmax_rows(const at::Tensor& logits, at::Tensor& out_tokens) {
-  check_argmax_rows_args(logits, out_tokens);
+void argmax_rows(const at::Tensor& logits, at::Tensor& out_tokens,
+                 const std::optional<at::Tensor>& token_bitmask) {
+  check_argmax_rows_args(logits, out_tokens, token_bitmask);
   const auto rows = logits.to(at::kFloat).contiguous();
-  const int64_t V = rows.size(1);
+  const int32_t V = static_cast<int32_t>(rows.size(1));
   const float* x = rows.data_ptr<float>();
   int32_t* out = out_tokens.data_ptr<int32_t>();
   at::parallel_for(0, rows.size(0), 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* row = x + r * V;
-      int64_t best = 0;
-      for (int64_t i = 1; i < V; ++i)
-        if (sanitize_logit(row[i]) > sanitize_logit(row[best])) best = i;
-      out[r] = static_cast<int32_t>(best);
+      const int32_t* allowed = token_bitmask_row(token_bitmask, r);
+      int32_t best = 0;
+      float best_value = read_logit(row[0], allowed, 0);
+      for (int32_t i = 1; i < V; ++i) {
+        const float v = read_logit(row[i], allowed, i);
+        if (v > best_value) {
+          best = i;
+          best_value = v;
+        }
+      }
+      out[r] = best;
     }
   });
 }
@@ -37,12 +45,13 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
                  const std::optional<at::Tensor>& out_logprobs,
                  const std::optional<at::Tensor>& out_top_values,
                  const std::optional<at::Tensor>& out_top_ids,
-                 const std::optional<at::Tensor>& workspace /*the CUDA paths' scratch*/) {
+                 const std::optional<at::Tensor>& workspace /*the CUDA paths' scratch*/,
+                 const std::optional<at::Tensor>& token_bitmask) {
   // route and max_top_k select CUDA kernels; the CPU kernel serves every route alike.
   check_sample_rows_call(logits, req_pool_indices, valid_cache_lengths, slot_table,
                          history_capacity, bias_capacity, tokens_per_req, candidates,
                          logprobs_mode, route, max_top_k, out_tokens, out_invalid, out_logprobs,
-                         out_top_values, out_top_ids, workspace);
+                         out_top_values, out_top_ids, workspace, token_bitmask);
   const auto x = logits.to(at::kFloat).contiguous();
   const int64_t rows = x.size(0);
   const int32_t V = static_cast<int32_t>(x.size(1));
@@ -73,6 +82,7 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
                      int64_t{lengths[slot]} + j, V,
                      cand ? cand + b * tokens_per_req + 1 : nullptr,
                      cand ? static_cast<int32_t>(j) : 0, apply_penalties};
+      ctx.allowed = token_bitmask_row(token_bitmask, r);
       const RowDistribution dist = filter_row(x.data_ptr<float>() + r * V, ctx);
       const int32_t token = sample_kept(dist, ctx);
       out_tokens.data_ptr<int32_t>()[r] = token;

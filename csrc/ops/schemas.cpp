@@ -19,8 +19,9 @@ namespace tokensampler {
 
 namespace {
 
-void argmax_rows_meta(const at::Tensor& logits, at::Tensor& out_tokens) {
-  check_argmax_rows_args(logits, out_tokens);
+void argmax_rows_meta(const at::Tensor& logits, at::Tensor& out_tokens,
+                      const std::optional<at::Tensor>& token_bitmask) {
+  check_argmax_rows_args(logits, out_tokens, token_bitmask);
 }
 
 void sample_rows_meta(const at::Tensor& logits, const at::Tensor& req_pool_indices,
@@ -32,11 +33,12 @@ void sample_rows_meta(const at::Tensor& logits, const at::Tensor& req_pool_indic
                       const std::optional<at::Tensor>& out_logprobs,
                       const std::optional<at::Tensor>& out_top_values,
                       const std::optional<at::Tensor>& out_top_ids,
-                      const std::optional<at::Tensor>& workspace) {
+                      const std::optional<at::Tensor>& workspace,
+                      const std::optional<at::Tensor>& token_bitmask) {
   check_sample_rows_call(logits, req_pool_indices, valid_cache_lengths, slot_table,
                          history_capacity, bias_capacity, tokens_per_req, candidates,
                          logprobs_mode, route, max_top_k, out_tokens, out_invalid, out_logprobs,
-                         out_top_values, out_top_ids, workspace);
+                         out_top_values, out_top_ids, workspace, token_bitmask);
 }
 
 void verify_chain_meta(const at::Tensor& candidates, const at::Tensor& target_tokens,
@@ -50,10 +52,12 @@ void verify_rejection_meta(const at::Tensor& logits, const at::Tensor& req_pool_
                            const at::Tensor& candidates, const at::Tensor& draft_probs,
                            bool /*apply_penalties*/, int64_t route, int64_t max_top_k,
                            at::Tensor& out_predict, at::Tensor& out_accept_length,
-                           at::Tensor& out_invalid) {
+                           at::Tensor& out_invalid,
+                           const std::optional<at::Tensor>& token_bitmask) {
   check_verify_rejection_args(logits, req_pool_indices, valid_cache_lengths, slot_table,
                               history_capacity, bias_capacity, candidates, draft_probs, route,
-                              max_top_k, out_predict, out_accept_length, out_invalid);
+                              max_top_k, out_predict, out_accept_length, out_invalid,
+                              token_bitmask);
 }
 
 void penalize_logits_meta(const at::Tensor& logits, const at::Tensor& req_pool_indices,
@@ -109,7 +113,10 @@ constexpr const char* kOps[] = {"argmax_rows",     "sample_rows",  "verify_chain
 
 TORCH_LIBRARY(tokensampler, m) {
   // Greedy: out_tokens[r] = argmax of row r (NaN as -inf, ties to the lowest id).
-  m.def("argmax_rows(Tensor logits, Tensor(a!) out_tokens) -> ()");
+  // token_bitmask (every op that reads logits): int32 [rows, ceil(V/32)], the grammar mask of
+  // DESIGN §3.0 in xgrammar's layout; a token whose bit is 0 counts as -inf before anything
+  // else reads it, raw logprobs included.
+  m.def("argmax_rows(Tensor logits, Tensor(a!) out_tokens, Tensor? token_bitmask=None) -> ()");
   // DESIGN §3 for each logits row r: request b = r // tokens_per_req, j = r % tokens_per_req,
   // slot req_pool_indices[b], position valid_cache_lengths[slot] + j. With candidates, row j
   // sees drafts candidates[b, 1..j] in its penalty history. logprobs_mode: 0 raw, 1 processed.
@@ -125,7 +132,8 @@ TORCH_LIBRARY(tokensampler, m) {
       "Tensor slot_table, int history_capacity, int bias_capacity, int tokens_per_req, "
       "Tensor? candidates, bool apply_penalties, int logprobs_mode, int route, int max_top_k, "
       "Tensor(a!) out_tokens, Tensor(b!) out_invalid, Tensor(c!)? out_logprobs, "
-      "Tensor(d!)? out_top_values, Tensor(e!)? out_top_ids, Tensor(f!)? workspace=None) -> ()");
+      "Tensor(d!)? out_top_values, Tensor(e!)? out_top_ids, Tensor(f!)? workspace=None, "
+      "Tensor? token_bitmask=None) -> ()");
   // DESIGN §4 target-sampled chain matching over candidates [bs, n] and target tokens [bs*n].
   m.def(
       "verify_chain(Tensor candidates, Tensor target_tokens, Tensor(a!) out_predict, "
@@ -136,7 +144,8 @@ TORCH_LIBRARY(tokensampler, m) {
       "verify_rejection(Tensor logits, Tensor req_pool_indices, Tensor valid_cache_lengths, "
       "Tensor slot_table, int history_capacity, int bias_capacity, Tensor candidates, "
       "Tensor draft_probs, bool apply_penalties, int route, int max_top_k, "
-      "Tensor(a!) out_predict, Tensor(b!) out_accept_length, Tensor(c!) out_invalid) -> ()");
+      "Tensor(a!) out_predict, Tensor(b!) out_accept_length, Tensor(c!) out_invalid, "
+      "Tensor? token_bitmask=None) -> ()");
   // DESIGN §3.1–3.4 alone: out = the processed logits (fp32) of every row, i.e. what the
   // filters of sample_rows see before temperature. Used by backends that sample elsewhere
   // (flashinfer_full) so their processed logits are identical to gumbel_full's. The columns

@@ -56,10 +56,11 @@ void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indic
                       const at::Tensor& candidates, const at::Tensor& draft_probs,
                       bool apply_penalties, int64_t route, int64_t max_top_k,
                       at::Tensor& out_predict, at::Tensor& out_accept_length,
-                      at::Tensor& out_invalid) {
+                      at::Tensor& out_invalid, const std::optional<at::Tensor>& token_bitmask) {
   check_verify_rejection_args(logits, req_pool_indices, valid_cache_lengths, slot_table,
                               history_capacity, bias_capacity, candidates, draft_probs, route,
-                              max_top_k, out_predict, out_accept_length, out_invalid);
+                              max_top_k, out_predict, out_accept_length, out_invalid,
+                              token_bitmask);
   const int64_t bs = candidates.size(0), n = candidates.size(1);
   const int32_t V = static_cast<int32_t>(logits.size(1));
   const auto x = logits.to(at::kFloat).contiguous();
@@ -83,6 +84,7 @@ void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indic
     int64_t j = 0;
     for (; j < n; ++j) {
       RowContext ctx{row, t + j, V, cand + b * n + 1, static_cast<int32_t>(j), apply_penalties};
+      ctx.allowed = token_bitmask_row(token_bitmask, b * n + j);
       const RowDistribution dist = filter_row(x.data_ptr<float>() + (b * n + j) * V, ctx);
       invalid[b * n + j] = dist.invalid;
       if (j == n - 1 || dist.invalid) {  // bonus token, or nothing to compare against

@@ -1,4 +1,6 @@
-"""Grammar token bitmasks (xgrammar / llguidance layout) applied to logits with torch ops.
+"""Grammar token bitmasks (xgrammar / llguidance layout) applied to logits with torch ops, for
+code that samples outside tokensampler's kernels (the FlashInfer adapters, greedy's logprobs);
+the kernels take the bitmask themselves (`token_bitmask=` of the ops, DESIGN §3.0).
 
 A bitmask row is int32 [ceil(V / 32)]: bit j of word w allows token 32 w + j (bits past V are
 ignored). Applying it gives the logits with every disallowed token at -inf, in fp32, written into

@@ -12,6 +12,17 @@ constexpr float kNegInf = -INFINITY;
 // §3.1: NaN counts as -inf.
 TS_HD float sanitize_logit(float x) { return x != x ? kNegInf : x; }
 
+// §3.0: bit i % 32 of word i / 32 of a row of a grammar's token bitmask (xgrammar / llguidance
+// layout) allows token i; a row without a bitmask (null) allows every token.
+TS_HD bool token_allowed(const int32_t* allowed_bits, int32_t i) {
+  return allowed_bits == nullptr || ((static_cast<uint32_t>(allowed_bits[i >> 5]) >> (i & 31)) & 1u);
+}
+
+// §3.0 then §3.1: the logit every later rule, raw logprobs included, starts from.
+TS_HD float read_logit(float x, const int32_t* allowed_bits, int32_t i) {
+  return token_allowed(allowed_bits, i) ? sanitize_logit(x) : kNegInf;
+}
+
 // True when a row's k disables top-k: -1 (or any k <= 0) and k >= V.
 TS_HD bool top_k_disabled(int32_t k, int32_t vocab) { return k <= 0 || k >= vocab; }
 

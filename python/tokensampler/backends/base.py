@@ -58,9 +58,11 @@ class SamplingBackend(ABC):
                             if n_top > 0 else None)
         self._top_ids = (torch.zeros((rows, n_top), dtype=torch.int64, device=self.device)
                          if n_top > 0 else None)
-        # Masked-logits buffers of DESIGN §3.0, only when the engine will pass token_bitmask.
+        # Masked-logits buffers of DESIGN §3.0, only when the engine will pass token_bitmask
+        # and this backend reads masked logits outside tokensampler's kernels.
         self._bitmask_scratch = (TokenBitmaskScratch(rows, config.vocab_size, self.device)
-                                 if config.enable_token_bitmask else None)
+                                 if config.enable_token_bitmask and self._reads_masked_logits()
+                                 else None)
         self._tp_group = None
         self._tp_src = None
         if config.enable_tp_sync and config.tp_group is not None and len(config.tp_group) > 1:
@@ -137,21 +139,21 @@ class SamplingBackend(ABC):
                candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     # ---- shared checks ----
-    def _checked_logits(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo,
-                        rows_per_req: int) -> torch.Tensor:
-        """The step's logits, after every check of the logits and of sampling_info, with
-        sampling_info.token_bitmask applied (fp32, disallowed tokens -inf) when it is given."""
-        logits = self._validated_logits(logits_output, sampling_info, rows_per_req)
-        return self._masked(logits, sampling_info)
+    def _reads_masked_logits(self) -> bool:
+        """Whether this backend needs logits masked by sampling_info.token_bitmask (DESIGN §3.0)
+        in buffers of its own (_masked). tokensampler's kernels take the bitmask and apply it
+        in their read of the logits; code that samples elsewhere (FlashInfer) cannot."""
+        return True
 
     def _masked(self, logits: torch.Tensor, sampling_info: SamplingBatchInfo) -> torch.Tensor:
-        """DESIGN §3.0: every route of sample and verify reads the logits through here."""
+        """DESIGN §3.0 outside the kernels: the logits with every token sampling_info.token_bitmask
+        disallows at -inf (fp32, in this backend's scratch), or the logits as they are."""
         if sampling_info.token_bitmask is None:
             return logits
         return apply_token_bitmask(logits, sampling_info.token_bitmask, self._bitmask_scratch)
 
-    def _validated_logits(self, logits_output: LogitsProcessorOutput,
-                          sampling_info: SamplingBatchInfo, rows_per_req: int) -> torch.Tensor:
+    def _checked_logits(self, logits_output: LogitsProcessorOutput,
+                        sampling_info: SamplingBatchInfo, rows_per_req: int) -> torch.Tensor:
         """The step's logits, after every check of the logits and of sampling_info."""
         if not isinstance(logits_output, LogitsProcessorOutput):
             raise TypeError(f"logits_output must be a LogitsProcessorOutput, got "
@@ -185,14 +187,14 @@ class SamplingBackend(ABC):
         candidates = checks.check_candidates(candidates, self.device,
                                              self.config.max_draft_tokens_per_req)
         bs, n = candidates.shape
-        logits = self._validated_logits(logits_output, sampling_info, n)
+        logits = self._checked_logits(logits_output, sampling_info, n)
         if bs * n != logits.size(0):
             raise ValueError(f"candidates shape {(bs, n)} does not match {logits.size(0)} "
                              f"logits rows")
         if sampling_info.draft_probs is not None:
             checks.check_draft_probs(sampling_info.draft_probs, self.device, bs, n,
                                      self.config.vocab_size)
-        return self._masked(logits, sampling_info), candidates
+        return logits, candidates
 
     def _publish_logprobs(self, logits_output: LogitsProcessorOutput, rows: int) -> None:
         if self._logprobs is not None:

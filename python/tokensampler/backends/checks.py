@@ -179,8 +179,9 @@ def check_draft_probs(draft_probs, device: torch.device, bs: int, n: int, vocab:
 
 def check_token_bitmask(config: SamplingBackendConfig, device: torch.device, bitmask,
                         rows: int) -> None:
-    """sampling_info.token_bitmask: int32 [rows, ceil(V/32)] on the backend's device, given to a
-    backend built with enable_token_bitmask."""
+    """sampling_info.token_bitmask: int32 [rows, ceil(V/32)] with contiguous rows (the kernels
+    read it in place) on the backend's device, given to a backend built with
+    enable_token_bitmask."""
     if isinstance(bitmask, torch.Tensor) and not config.enable_token_bitmask:
         raise ValueError("token_bitmask was given, but this backend was built with "
                          "config.enable_token_bitmask=False (it allocates the masking buffers)")
@@ -189,3 +190,5 @@ def check_token_bitmask(config: SamplingBackendConfig, device: torch.device, bit
     if tuple(bitmask.shape) != (rows, words):
         raise ValueError(f"token_bitmask must be [rows, ceil(vocab_size/32)] = [{rows}, {words}], "
                          f"got {tuple(bitmask.shape)}")
+    if bitmask.stride(1) != 1:
+        raise ValueError(f"token_bitmask rows must be contiguous, got strides {bitmask.stride()}")

@@ -94,6 +94,9 @@ class _FlashInferMixin:
             probs = probs / probs.sum(-1, keepdim=True)
         return probs
 
+    def _reads_masked_logits(self) -> bool:
+        return True  # FlashInfer samples the logits tokensampler's kernels leave
+
     def _draw(self, logits, sampling_info, n, candidates, out):
         rows = logits.size(0)
         processed = self._processed[:rows]
@@ -121,6 +124,7 @@ class _FlashInferMixin:
         return processed, z, p
 
     def _sample_rows(self, logits, sampling_info, n, candidates, out) -> None:
+        logits = self._masked(logits, sampling_info)
         processed, *_ = self._draw(logits, sampling_info, n, candidates, out)
         if self._logprobs is not None or self._top_values is not None:
             raw = torch.log_softmax(logits.float().nan_to_num(float("-inf"), float("inf"), float("-inf")), -1)
@@ -136,6 +140,7 @@ class _FlashInferMixin:
         if sampling_info.draft_probs is None:
             return super().verify(logits_output, sampling_info, candidates)
         logits, candidates = self._checked_verify(logits_output, sampling_info, candidates)
+        logits = self._masked(logits, sampling_info)
         rows, (bs, n) = logits.size(0), candidates.shape
         target = self._target[:rows]
         _, z, (_, top_k, top_p, min_p, greedy, seed, offset) = self._draw(

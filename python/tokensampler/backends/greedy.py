@@ -18,22 +18,31 @@ class GreedySamplingBackend(SamplingBackend):
         logits = self._checked_logits(logits_output, sampling_info, 1)
         bs = logits.size(0)
         tokens = self._packed[0, :bs]
-        self._argmax(logits, tokens)
+        self._argmax(logits, sampling_info.token_bitmask, tokens)
         lengths = self._packed[1, :bs]
         lengths.fill_(1)
         if self._logprobs is not None or self._top_values is not None:
-            self._raw_logprobs(logits, tokens)
+            self._raw_logprobs(self._masked(logits, sampling_info), tokens)
             self._publish_logprobs(logits_output, bs)
         return tokens, lengths
 
-    def _argmax(self, logits: torch.Tensor, out: torch.Tensor) -> None:
-        """out = each row's argmax (NaN as -inf, ties to the lowest id), and invalid_rows (§3.1):
-        the argmax of a row with any finite or +inf entry is one, so a row is invalid exactly
-        when the logit at its argmax is -inf or NaN (one gathered value a row, no second read)."""
-        torch.ops.tokensampler.argmax_rows(logits, out)
-        at_argmax = logits.gather(1, out.long().unsqueeze(1)).squeeze(1)
-        torch.logical_or(torch.isnan(at_argmax), torch.isneginf(at_argmax),
-                         out=self.invalid_rows[:out.numel()])
+    def _reads_masked_logits(self) -> bool:
+        # argmax_rows applies token_bitmask itself; only logprobs read masked logits.
+        return self._logprobs is not None or self._top_values is not None
+
+    def _argmax(self, logits: torch.Tensor, bitmask: torch.Tensor | None, out: torch.Tensor) -> None:
+        """out = each row's argmax of the logits (DESIGN §3.0–3.1: tokens the bitmask disallows
+        and NaN as -inf, ties to the lowest id), and invalid_rows (§3.1): the argmax of a row
+        with any allowed finite or +inf entry is one, so a row is invalid exactly when the logit
+        at its argmax is -inf, NaN or disallowed (one gathered value a row, no second read)."""
+        torch.ops.tokensampler.argmax_rows(logits, out, bitmask)
+        at = out.long().unsqueeze(1)
+        at_argmax = logits.gather(1, at).squeeze(1)
+        invalid = self.invalid_rows[:out.numel()]
+        torch.logical_or(torch.isnan(at_argmax), torch.isneginf(at_argmax), out=invalid)
+        if bitmask is not None:
+            word = bitmask.gather(1, at >> 5).squeeze(1)
+            invalid |= ((word >> (at.squeeze(1) & 31).to(torch.int32)) & 1) == 0
 
     def _raw_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
         """DESIGN §3.8 raw logprobs (processed mode is 0.0 for greedy rows, §3.8)."""
@@ -55,7 +64,7 @@ class GreedySamplingBackend(SamplingBackend):
         logits, candidates = self._checked_verify(logits_output, sampling_info, candidates)
         rows = logits.size(0)
         target = self._target[:rows]
-        self._argmax(logits, target)
+        self._argmax(logits, sampling_info.token_bitmask, target)
         predict, accept = self._packed[0, :rows], self._packed[1, :candidates.size(0)]
         torch.ops.tokensampler.verify_chain(candidates, target, predict, accept)
         return predict, accept

@@ -219,6 +219,9 @@ class GumbelSamplingBackend(SamplingBackend):
             return CUDA_GRAPH_VARIANT_VERIFY_NO_FILTER
         return _C.route_name(self._route)
 
+    def _reads_masked_logits(self) -> bool:
+        return False  # sample_rows and verify_rejection apply token_bitmask in their read
+
     def reset_capture_state(self) -> None:
         self.slots.reset_slot(0)
         self._in_slot[0] = None
@@ -234,7 +237,8 @@ class GumbelSamplingBackend(SamplingBackend):
             self.invalid_rows[:rows],
             None if self._logprobs is None else self._logprobs[:rows],
             None if self._top_values is None else self._top_values[:rows],
-            None if self._top_ids is None else self._top_ids[:rows], self._workspace)
+            None if self._top_ids is None else self._top_ids[:rows], self._workspace,
+            sampling_info.token_bitmask)
 
     def _route_args(self) -> tuple[int, int]:
         """The ops' (route, max_top_k): the step's route, and for top-k routes its largest k
@@ -270,7 +274,7 @@ class GumbelSamplingBackend(SamplingBackend):
                 logits, sampling_info.req_pool_indices, sampling_info.valid_cache_lengths,
                 self.slots.table, self.slots.history_capacity, self.slots.bias_capacity,
                 candidates, sampling_info.draft_probs, self._FULL, *self._route_args(),
-                predict, accept, self.invalid_rows[:rows])
+                predict, accept, self.invalid_rows[:rows], sampling_info.token_bitmask)
         else:
             target = self._target[:rows]
             self._sample_rows(logits, sampling_info, n, candidates, target)

@@ -1,0 +1,65 @@
+// One logits row as every CUDA kernel reads it: the engine's values and, when the step has one,
+// the row of the grammar's token bitmask (DESIGN §3.0), applied in the same read, so a masked
+// step moves V / 8 more bytes per row and no extra pass.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "tokensampler/row_rules.h"
+
+namespace tokensampler::cuda {
+
+template <typename T>
+struct LogitsRow {
+  const T* values;
+  const int32_t* allowed;  // bitmask row, or null: every token allowed
+
+  // §3.0–3.1 for token i.
+  __device__ __forceinline__ float raw(int32_t i) const {
+    return read_logit(static_cast<float>(values[i]), allowed, i);
+  }
+};
+
+// Row r of the logits and of the bitmask (null: none).
+template <typename T>
+__device__ __forceinline__ LogitsRow<T> logits_row(const T* logits, int64_t row_stride,
+                                                   const int32_t* bitmask, int64_t bitmask_stride,
+                                                   int64_t r) {
+  return LogitsRow<T>{logits + r * row_stride, bitmask ? bitmask + r * bitmask_stride : nullptr};
+}
+
+// Tokens i .. i+3 (-inf past `end`) in one 16-byte (fp32) or 8-byte (fp16 / bf16) streaming
+// load where aligned; disallowed tokens -inf, NaN left for the caller's sanitising. i is a
+// multiple of 4 (chunks start at multiples of 4), so the four bits share a bitmask word.
+template <typename T>
+__device__ __forceinline__ void load4(const LogitsRow<T>& row, int32_t i, int32_t end, float out[4]) {
+  const T* x = row.values;
+  bool loaded = false;
+  if constexpr (sizeof(T) == 4) {
+    if (i + 3 < end && (reinterpret_cast<uintptr_t>(x + i) & 15) == 0) {
+      const float4 v = __ldcs(reinterpret_cast<const float4*>(x + i));
+      out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+      loaded = true;
+    }
+  } else {
+    if (i + 3 < end && (reinterpret_cast<uintptr_t>(x + i) & 7) == 0) {
+      const uint2 v = __ldcs(reinterpret_cast<const uint2*>(x + i));
+      const T* h = reinterpret_cast<const T*>(&v);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) out[q] = static_cast<float>(h[q]);
+      loaded = true;
+    }
+  }
+  if (!loaded) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) out[q] = i + q < end ? static_cast<float>(x[i + q]) : kNegInf;
+  }
+  if (row.allowed != nullptr && i < end) {
+    const uint32_t bits = static_cast<uint32_t>(__ldg(row.allowed + (i >> 5))) >> (i & 31);
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      if (!((bits >> q) & 1u)) out[q] = kNegInf;
+  }
+}
+
+}  // namespace tokensampler::cuda

@@ -1,0 +1,148 @@
+"""The grammar bitmask inside the kernels (DESIGN §3.0): every op that reads logits, given
+`token_bitmask`, returns exactly what it returns for logits with the disallowed tokens set to
+-inf beforehand — tokens, invalid flags, raw and processed logprobs, top-N — on every CUDA path
+(split-row single and two-kernel launches, histogram cut, one block per row, verify) and on CPU.
+`torch.equal` throughout: the mask is applied in the same read, so nothing else may move."""
+
+from __future__ import annotations
+
+import random
+import zlib
+
+import pytest
+import torch
+
+import tokensampler  # noqa: F401  (registers torch.ops.tokensampler)
+from test_cuda_kernels import ROUTES, build_slots, random_params
+
+OPS = torch.ops.tokensampler
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+MASKS = ["half", "sparse", "empty_row"]
+
+
+def _vocabs(device):
+    # CPU: not multiples of 32 (bits past V in the last word); CUDA: the engine's size too, so
+    # rows are split into many chunks.
+    return [1000, 4099] if device == "cpu" else [4099, 151936]
+
+
+def _mask_bits(kind, rows, V, gen):
+    words = (V + 31) // 32
+    p = {"half": 0.5, "sparse": 0.01, "empty_row": 0.3}[kind]
+    allowed = torch.rand(rows, words * 32, generator=gen) < p
+    if kind == "empty_row":
+        allowed[0] = False             # no allowed token: §3.1, token 0 and invalid
+        allowed[1 % rows, :] = False
+        allowed[1 % rows, V - 1] = True  # one allowed token, the last one
+    packed = (allowed.view(rows, words, 32).long() << torch.arange(32)).sum(-1)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32), allowed[:, :V]
+
+
+def _inputs(route, V, dtype, kind, rows, seed):
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    params = [random_params(rng, route, V, greedy_frac=0.15, penalties=True) for _ in range(rows)]
+    mgr, slots, _ = build_slots(params, V)
+    lengths = torch.tensor([0] + [rng.randrange(1 << 20) for _ in slots], dtype=torch.int32)
+    logits = torch.randn(rows, V, generator=gen) * 3
+    logits[0, 3] = float("inf")
+    logits[-1, 9] = float("nan")
+    logits = logits.to(dtype)
+    bits, allowed = _mask_bits(kind, rows, V, gen)
+    premasked = logits.masked_fill(~allowed, float("-inf"))
+    max_top_k = max((p.top_k for p in params if p.top_k and p.top_k > 0), default=0)
+    return mgr, torch.tensor(slots, dtype=torch.int32), lengths, logits, bits, premasked, max_top_k
+
+
+def _sample(logits, bits, mgr, slots, lengths, route, max_top_k, mode, top_n, device):
+    rows = logits.size(0)
+    out = torch.full((rows,), -7, dtype=torch.int32, device=device)
+    invalid = torch.zeros(rows, dtype=torch.bool, device=device)
+    logprobs = torch.zeros(rows, dtype=torch.float32, device=device)
+    top_values = torch.zeros(rows, top_n, dtype=torch.float32, device=device) if top_n else None
+    top_ids = torch.zeros(rows, top_n, dtype=torch.int64, device=device) if top_n else None
+    OPS.sample_rows(logits.to(device), slots.to(device), lengths.to(device), mgr.table.to(device),
+                    mgr.history_capacity, mgr.bias_capacity, 1, None, True, mode, route,
+                    max_top_k, out, invalid, logprobs, top_values, top_ids, None,
+                    None if bits is None else bits.to(device))
+    return [t for t in (out, invalid, logprobs, top_values, top_ids) if t is not None]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kind", MASKS)
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_sample_rows_with_bitmask_equals_premasked_logits(route, kind, dtype, device):
+    # (logprobs mode, top-N): the multi-block paths, then the one-block kernel (processed, top-N)
+    for V in _vocabs(device):
+        for rows in (2, 24):  # the single launch (<= 4 rows) and the two-kernel launches
+            seed = zlib.crc32(f"{route}-{kind}-{dtype}-{V}-{rows}".encode())
+            mgr, slots, lengths, logits, bits, premasked, max_top_k = _inputs(
+                route, V, dtype, kind, rows, seed)
+            for mode, top_n in ((0, 0), (1, 0), (0, 3)):
+                fused = _sample(logits, bits, mgr, slots, lengths, ROUTES[route], max_top_k, mode,
+                                top_n, device)
+                plain = _sample(premasked, None, mgr, slots, lengths, ROUTES[route], max_top_k,
+                                mode, top_n, device)
+                for a, b in zip(fused, plain):
+                    assert torch.equal(a, b), (V, rows, mode, top_n, a, b)
+                if kind == "empty_row":
+                    assert fused[1][0].item() and fused[0][0].item() == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_argmax_rows_with_bitmask_equals_premasked_logits(dtype, device):
+    for V in _vocabs(device):
+        _, _, _, logits, bits, premasked, _ = _inputs("no_filter", V, dtype, "empty_row", 16, V)
+        fused = torch.empty(16, dtype=torch.int32, device=device)
+        plain = torch.empty(16, dtype=torch.int32, device=device)
+        OPS.argmax_rows(logits.to(device), fused, bits.to(device))
+        OPS.argmax_rows(premasked.to(device), plain)
+        assert torch.equal(fused, plain)
+        assert fused[0].item() == 0 and fused[1].item() == V - 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("route", ["top_k_top_p", "top_k_top_p_min_p", "no_filter"])
+def test_verify_rejection_with_bitmask_equals_premasked_logits(route, device):
+    bs, n = 6, 4
+    for V in _vocabs(device):
+        rng = random.Random(V)
+        gen = torch.Generator().manual_seed(V)
+        params = [random_params(rng, route, V, greedy_frac=0.15, penalties=True) for _ in range(bs)]
+        mgr, slots, _ = build_slots(params, V)
+        lengths = torch.tensor([0] + [rng.randrange(1 << 20) for _ in slots], dtype=torch.int32)
+        logits = (torch.randn(bs * n, V, generator=gen) * 2).to(torch.bfloat16)
+        bits, allowed = _mask_bits("half", bs * n, V, gen)
+        premasked = logits.masked_fill(~allowed, float("-inf"))
+        # drafts: allowed tokens mostly, a disallowed one now and then
+        candidates = torch.multinomial(allowed.float() + 0.02, n, generator=gen).to(torch.int32)
+        candidates = candidates.view(bs * n, n)[::n].contiguous()
+        draft_probs = torch.softmax(torch.randn(bs, n - 1, V, generator=gen), -1)
+        max_top_k = max((p.top_k for p in params if p.top_k and p.top_k > 0), default=0)
+        outs = []
+        for x, m in ((logits, bits), (premasked, None)):
+            predict = torch.empty(bs * n, dtype=torch.int32, device=device)
+            accept = torch.empty(bs, dtype=torch.int32, device=device)
+            invalid = torch.empty(bs * n, dtype=torch.bool, device=device)
+            OPS.verify_rejection(x.to(device), torch.tensor(slots, dtype=torch.int32, device=device),
+                                 lengths.to(device), mgr.table.to(device), mgr.history_capacity,
+                                 mgr.bias_capacity, candidates.to(device), draft_probs.to(device),
+                                 True, ROUTES[route], max_top_k, predict, accept, invalid,
+                                 None if m is None else m.to(device))
+            outs.append((predict, accept, invalid))
+        for a, b in zip(*outs):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("shape", [(2, 31), (3, 32), (2, 33)])
+def test_bitmask_of_wrong_shape_is_refused_by_the_op(shape, cpp_exceptions_reach_python):
+    if not cpp_exceptions_reach_python:
+        pytest.skip("C++ exceptions kill the interpreter on this image (conftest.py)")
+    logits = torch.zeros(2, 1000)
+    out = torch.empty(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="token_bitmask"):
+        OPS.argmax_rows(logits, out, torch.zeros(shape, dtype=torch.int32))
+    with pytest.raises(TypeError, match="token_bitmask"):
+        OPS.argmax_rows(logits, out, torch.zeros(2, 32, dtype=torch.int64))
