@@ -123,11 +123,14 @@ def logits_buffers(rows: int, dtype: torch.dtype) -> list[torch.Tensor]:
     return [torch.randn(rows, VOCAB, device="cuda", generator=g).to(dtype) for _ in range(count)]
 
 
-def ours_step(route: Route, bs: int, backend_name: str | None = None):
-    """One sampling step through the public API of `backend_name` (default: the route's)."""
+def ours_step(route: Route, bs: int, backend_name: str | None = None,
+              token_bitmask: torch.Tensor | None = None, vocab: int = VOCAB, device: str = "cuda"):
+    """One sampling step through the public API of `backend_name` (default: the route's), with
+    the grammar mask `token_bitmask` ([rows, ceil(V/32)] int32) when given."""
     n = route.tokens_per_req
     cfg = ts.SamplingBackendConfig(max_bs=bs, max_draft_tokens_per_req=n, max_req_pool_size=bs,
-                                   vocab_size=VOCAB, device="cuda")
+                                   vocab_size=vocab, device=device,
+                                   enable_token_bitmask=token_bitmask is not None)
     backend = ts.create_backend(backend_name or route.backend, cfg)
     slots = list(range(1, bs + 1))
     params = []
@@ -139,10 +142,10 @@ def ours_step(route: Route, bs: int, backend_name: str | None = None):
     prompts = [list(range(0, 4000, 7))] * bs if route.penalties else None
     backend.prepare_step([f"r{i}" for i in slots], slots, params, num_tokens_per_req=n,
                          prompt_token_ids=prompts)
-    info = ts.SamplingBatchInfo(torch.tensor(slots, dtype=torch.int32, device="cuda"),
-                                torch.full((bs + 1,), 100, dtype=torch.int32, device="cuda"),
-                                VOCAB, "cuda")
-    candidates = torch.randint(0, VOCAB, (bs, n), dtype=torch.int32, device="cuda")
+    info = ts.SamplingBatchInfo(torch.tensor(slots, dtype=torch.int32, device=device),
+                                torch.full((bs + 1,), 100, dtype=torch.int32, device=device),
+                                vocab, device, token_bitmask=token_bitmask)
+    candidates = torch.randint(0, vocab, (bs, n), dtype=torch.int32, device=device)
     if n == 1:
         return lambda logits: backend.sample(ts.LogitsProcessorOutput(logits), info)
     return lambda logits: backend.verify(ts.LogitsProcessorOutput(logits), info, candidates)

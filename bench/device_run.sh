@@ -2,21 +2,28 @@
 # One call on the lent H200: build tokensampler, run the GPU tests, run the benchmark (and, on a
 # machine with two or more GPUs, the vocab-parallel benchmark over NCCL).
 # Logs and JSON go to $OUT (the device tool brings back at most 8 files: this script writes 6,
-# 7 with several GPUs; bench/profile.sh appends to one more).
+# 7 with several GPUs or with --bitmask-bench; bench/profile.sh appends to one more).
 #   bench/device_run.sh [--no-bench] [--bench-args "..."] [--tests "pytest args"]
-# Carry .fi (from ../shared/tools/flashinfer_bundle.sh .fi) to benchmark FlashInfer beside us.
+#                       [--bitmask-bench "args"] [--profile "route:bs[:dtype] ..."]
+# Carry .fi (from ../shared/tools/flashinfer_bundle.sh .fi) to benchmark FlashInfer beside us,
+# and .xg (scripts/xgrammar_bundle.sh .xg) for the grammar-mask benchmark's xgrammar kernel.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench/out}
 mkdir -p "$OUT"
 RUN_BENCH=1
 BENCH_ARGS=""
+BITMASK_ARGS=""
+RUN_BITMASK=0
+PROFILE_SHAPES=""
 TEST_ARGS="-m cuda tests"
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-bench) RUN_BENCH=0 ;;
     --bench-args) BENCH_ARGS="$2"; shift ;;
     --tests) TEST_ARGS="$2"; shift ;;
+    --bitmask-bench) RUN_BITMASK=1; BITMASK_ARGS="$2"; shift ;;
+    --profile) PROFILE_SHAPES="$2"; shift ;;
   esac
   shift
 done
@@ -51,6 +58,12 @@ if [ "$RUN_BENCH" = 1 ]; then
     python3 -m torch.distributed.run --nproc_per_node "$GPUS" bench/vocab_parallel_bench.py \
       --json "$OUT/tp_bench.json" 2>&1 | tee -a "$OUT/bench.log" | tail -20
   fi
+fi
+if [ "$RUN_BITMASK" = 1 ]; then  # grammar masks (issue 17): ours+mask vs ours, xgrammar + ours / FI
+  python3 bench/bitmask_bench.py --json "$OUT/bitmask.json" $BITMASK_ARGS 2>&1 | tee -a "$OUT/bench.log" | tail -40
+fi
+if [ -n "$PROFILE_SHAPES" ]; then
+  bash bench/profile.sh $PROFILE_SHAPES 2>&1 | tail -60
 fi
 # The tests' verdict again, last, so it survives in the tail of a long run's output.
 echo "GPU tests: $(tail -1 "$OUT/tests.log")" | tee -a "$OUT/gpu.txt"

@@ -1,56 +1,66 @@
 #!/usr/bin/env bash
-# Profiles one shape's sampling kernels on the device: ncu hardware counters where ncu works
-# (Firecracker machines), else a torch.profiler (Kineto) trace. NVTX ranges name each step.
-#   bench/profile.sh [route] [bs] [dtype]     (defaults: top_k_top_p 128 fp32)
+# Profiles the sampling kernels of several shapes on the device in one process: ncu hardware
+# counters where ncu works, else a torch.profiler (Kineto) trace. An NVTX range names each step.
+#   bench/profile.sh [route:bs[:dtype] ...]      (default: top_k_top_p:128:fp32)
+# e.g. bench/profile.sh no_filter:1 no_filter:128 top_p:128:bf16
 # Output: appended to $OUT/profiles.txt (one file however many shapes; the device tool brings
-# back at most 8 files).
+# back at most 8 files) and a per-kernel summary table on stdout.
 #   PROFILE_DETAIL=1: ncu sections (occupancy, warp stalls, instruction counts, hot source lines)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench/out}
 mkdir -p "$OUT"
-ROUTE=${1:-top_k_top_p}; BS=${2:-128}; DTYPE=${3:-fp32}
-cat > /tmp/ts_profile_step.py <<PY
+SHAPES=("$@")
+[ ${#SHAPES[@]} -eq 0 ] && SHAPES=(top_k_top_p:128:fp32)
+cat > /tmp/ts_profile_steps.py <<'PY'
 import sys, torch
 sys.path.insert(0, "bench")
 import benchmark as b
-route = b.ROUTES["$ROUTE"]
-dtype = dict(fp32=torch.float32, bf16=torch.bfloat16)["$DTYPE"]
-step = b.ours_step(route, $BS)
-x = b.logits_buffers($BS * route.tokens_per_req, dtype)[0]
-for _ in range(3):
-    step(x)
+mode, shapes = sys.argv[1], sys.argv[2:]
+steps = []
+for shape in shapes:
+    route_name, bs, *rest = shape.split(":")
+    route, bs = b.ROUTES[route_name], int(bs)
+    dtype = dict(fp32=torch.float32, bf16=torch.bfloat16)[rest[0] if rest else "fp32"]
+    step = b.ours_step(route, bs)
+    x = b.logits_buffers(bs * route.tokens_per_req, dtype)[0]
+    for _ in range(3):  # warm-up outside the ranges ncu profiles
+        step(x)
+    steps.append((f"sample {shape}", step, x))
 torch.cuda.synchronize()
-mode = sys.argv[1] if len(sys.argv) > 1 else "ncu"
 if mode == "kineto":
     from torch.profiler import profile, ProfilerActivity
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            torch.cuda.nvtx.range_push("sample $ROUTE bs=$BS")
-            step(x)
-            torch.cuda.nvtx.range_pop()
-        torch.cuda.synchronize()
-    prof.export_chrome_trace("/tmp/trace_${ROUTE}_${BS}.json")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+    for name, step, x in steps:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                step(x)
+            torch.cuda.synchronize()
+        print(f"--- {name}")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8))
 else:
-    torch.cuda.nvtx.range_push("sample $ROUTE bs=$BS")
-    step(x)
-    torch.cuda.nvtx.range_pop()
-    torch.cuda.synchronize()
+    for name, step, x in steps:
+        torch.cuda.nvtx.range_push(name)
+        step(x)
+        torch.cuda.nvtx.range_pop()
+        torch.cuda.synchronize()
 PY
-METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem
-# PROFILE_DETAIL=1: ncu's speed-of-light, occupancy, launch and warp-stall sections instead.
+# Time, bytes, the DRAM and SM roofs, issue-slot use (an arithmetic-bound kernel issues nearly
+# every cycle), warps resident, instructions (per token: divide by rows x V), launch limits.
+METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,launch__registers_per_thread,launch__grid_size,launch__occupancy_limit_registers
 WHAT=(--metrics "$METRICS")
 [ "${PROFILE_DETAIL:-0}" = 1 ] && WHAT=(--section SpeedOfLight --section Occupancy --section LaunchStats
                                      --section WarpStateStats --section InstructionStats
                                      --section SourceCounters --import-source yes)
-if timeout 300 ncu --clock-control none --nvtx --nvtx-include "sample $ROUTE bs=$BS/" "${WHAT[@]}" \
-     python3 /tmp/ts_profile_step.py ncu > /tmp/ncu_profile.txt 2>&1; then
-  { echo "=== ncu: $ROUTE bs=$BS $DTYPE"; cat /tmp/ncu_profile.txt; } >> "$OUT/profiles.txt"
-  grep -E "^\s+[a-z_]+.*\(|gpu__time|dram__|sm__|launch__|Duration|Throughput|Registers|Occupancy|Warp Cycles|Executed Instructions|Block Limit" \
-    /tmp/ncu_profile.txt
+INCLUDE=()
+for shape in "${SHAPES[@]}"; do INCLUDE+=(--nvtx-include "sample $shape/"); done
+if timeout 420 ncu --clock-control none --nvtx "${INCLUDE[@]}" --csv \
+     --print-units base "${WHAT[@]}" python3 /tmp/ts_profile_steps.py ncu "${SHAPES[@]}" \
+     > /tmp/ncu_profile.txt 2>&1; then
+  { echo "=== ncu: ${SHAPES[*]}"; cat /tmp/ncu_profile.txt; } >> "$OUT/profiles.txt"
+  python3 bench/ncu_summary.py /tmp/ncu_profile.txt
 else
+  tail -5 /tmp/ncu_profile.txt
   echo "ncu unavailable here; Kineto trace instead"
-  { echo "=== kineto: $ROUTE bs=$BS $DTYPE"; python3 /tmp/ts_profile_step.py kineto; } |
+  { echo "=== kineto: ${SHAPES[*]}"; python3 /tmp/ts_profile_steps.py kineto "${SHAPES[@]}"; } |
     tee -a "$OUT/profiles.txt"
 fi

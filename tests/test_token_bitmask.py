@@ -8,8 +8,12 @@ import zlib
 
 import pytest
 import torch
-# The grammar extra (CI installs it); the device image may lack it, as it lacks gguf.
-xgrammar = pytest.importorskip("xgrammar")
+# The grammar extra (CI installs it). The device image lacks it: there the reference masks with
+# torch ops, which test_reference_masking_is_xgrammars ties to xgrammar's wherever it is installed.
+try:
+    import xgrammar
+except ImportError:
+    xgrammar = None
 
 import tokensampler as ts
 from tokensampler.bitmask import bitmask_words
@@ -72,10 +76,28 @@ def random_logits(rows, dtype, gen) -> torch.Tensor:
     return logits.to(dtype)
 
 
+def torch_masked(logits, mask):
+    bits = (mask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+    allowed = bits.view(mask.size(0), -1)[:, :logits.size(1)].bool()
+    return logits.masked_fill(~allowed, float("-inf"))
+
+
 def xgrammar_masked(logits, mask):
+    if xgrammar is None:
+        return torch_masked(logits, mask)
     out = logits.clone()
     xgrammar.apply_token_bitmask_inplace(out, mask)
     return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_reference_masking_is_xgrammars(dtype):
+    pytest.importorskip("xgrammar")
+    gen = torch.Generator().manual_seed(1)
+    logits, mask = random_logits(8, dtype, gen), random_mask(8, gen)
+    assert torch.equal(xgrammar_masked(logits, mask).isnan(), torch_masked(logits, mask).isnan())
+    assert torch.equal(xgrammar_masked(logits, mask).nan_to_num(0.0),
+                       torch_masked(logits, mask).nan_to_num(0.0))
 
 
 class Pair:
@@ -290,3 +312,25 @@ def test_vocab_parallel_sampler_refuses_a_mask():
                                 token_bitmask=torch.full((1, WORDS), -1, dtype=torch.int32))
     with pytest.raises(ValueError, match="token_bitmask is not supported by vocab-parallel"):
         sampler.sample(ts.LogitsProcessorOutput(torch.randn(1, V // 2)), info)
+
+
+def test_bitmask_bench_equality_check_runs_and_can_fail():
+    """bench/bitmask_bench.py's token check (ours+mask == xgrammar-masked + ours), on CPU."""
+    pytest.importorskip("xgrammar")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    ran = subprocess.run([sys.executable, str(bench / "bitmask_bench.py"), "--check-only",
+                          "--device", "cpu", "--vocab", "1000", "--bs", "1", "3",
+                          "--dtypes", "fp32", "bf16"], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0 and "all equal" in ran.stdout, ran.stderr[-2000:]
+    sys.path.insert(0, str(bench))
+    try:
+        import bitmask_bench
+        with pytest.raises(AssertionError, match="masked in the kernel"):
+            bitmask_bench.check_equal("no_filter", 4, torch.float32, 0.5, lambda x, m: None,
+                                      1000, "cpu")
+    finally:
+        sys.path.remove(str(bench))
