@@ -53,7 +53,7 @@ WHAT=(--metrics "$METRICS")
                                      --section SourceCounters --import-source yes)
 INCLUDE=()
 for shape in "${SHAPES[@]}"; do INCLUDE+=(--nvtx-include "sample $shape/"); done
-if timeout 420 ncu --clock-control none --nvtx "${INCLUDE[@]}" --csv \
+if timeout "${PROFILE_TIMEOUT:-420}" ncu --clock-control none --nvtx "${INCLUDE[@]}" --csv \
      --print-units base "${WHAT[@]}" python3 /tmp/ts_profile_steps.py ncu "${SHAPES[@]}" \
      > /tmp/ncu_profile.txt 2>&1; then
   { echo "=== ncu: ${SHAPES[*]}"; cat /tmp/ncu_profile.txt; } >> "$OUT/profiles.txt"
