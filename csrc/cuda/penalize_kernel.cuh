@@ -56,14 +56,11 @@ __global__ void penalize_rows_kernel(float* __restrict__ out, int32_t vocab,
   }
   // Prompt tokens named by neither (the mask's words of this row's columns).
   const int32_t w_begin = max(vocab_offset, 0) >> 5;
-  const int32_t w_end = min(layout.prompt_mask_words, (vocab_offset + vocab + 31) >> 5);
-  for (int32_t w = w_begin + threadIdx.x; w < w_end; w += blockDim.x) {
-    for (uint32_t bits = s.prompt_mask()[w]; bits != 0u; bits &= bits - 1u) {
-      const int32_t token = 32 * w + __ffs(static_cast<int>(bits)) - 1;
-      if (find_sorted(s.history_tokens(), hist_n, token) < 0 && draft_count(token) == 0)
-        apply(token, true, 0, bias_of(token));
-    }
-  }
+  const int32_t w_end = (vocab_offset + vocab + 31) >> 5;
+  s.for_each_prompt_token(w_begin + threadIdx.x, w_end, blockDim.x, [&](int32_t token) {
+    if (find_sorted(s.history_tokens(), hist_n, token) < 0 && draft_count(token) == 0)
+      apply(token, true, 0, bias_of(token));
+  });
   // Bias entries named by none of them.
   for (int32_t i = threadIdx.x; i < bias_n; i += blockDim.x) {
     const int32_t token = s.bias_tokens()[i];

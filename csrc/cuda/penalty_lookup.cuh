@@ -44,12 +44,8 @@ __device__ void mark_penalized_tokens(const PenaltySource& src, int32_t base, in
   for (int32_t k = threadIdx.x; k < src.num_drafts; k += kThreads) mark(src.drafts[k]);
   // Prompt tokens in [base, end): the mask's words there, one bit at a time (only slots with a
   // repetition penalty have bits set; the loads are V / 32 words at most).
-  const int32_t words = src.slot.layout.prompt_mask_words;
-  const int64_t mask_end = ::min(static_cast<int64_t>(end), static_cast<int64_t>(words) * 32);
-  const int32_t w_end = static_cast<int32_t>((mask_end + 31) >> 5);
-  for (int32_t w = (base >> 5) + threadIdx.x; w < w_end; w += kThreads)
-    for (uint32_t bits = src.slot.prompt_mask()[w]; bits != 0u; bits &= bits - 1u)
-      mark(32 * w + __ffs(static_cast<int>(bits)) - 1);
+  const int32_t w_end = static_cast<int32_t>((static_cast<int64_t>(end) + 31) >> 5);
+  src.slot.for_each_prompt_token((base >> 5) + threadIdx.x, w_end, kThreads, mark);
   __syncthreads();
 }
 

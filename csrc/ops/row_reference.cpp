@@ -29,9 +29,8 @@ std::map<int32_t, TokenAdjustment> collect_adjustments(const RowContext& ctx) {
     a.output_count = s.history_counts()[i];
   }
   if (s.repetition() != 1.0f) {  // prompt tokens: in the history, output count 0
-    for (int32_t w = 0; w < s.layout.prompt_mask_words; ++w)
-      for (uint32_t bits = s.prompt_mask()[w]; bits != 0; bits &= bits - 1)
-        adjust[32 * w + __builtin_ctz(bits)].in_history = true;
+    s.for_each_prompt_token(0, s.layout.prompt_mask_words, 1,
+                            [&](int32_t token) { adjust[token].in_history = true; });
   }
   for (int32_t i = 0; i < ctx.num_drafts; ++i) {
     auto& a = adjust[ctx.drafts[i]];

@@ -56,6 +56,15 @@ TS_HD float f_fma(float a, float b, float c) {
 #endif
 }
 
+// Index of the lowest set bit of a nonzero word.
+TS_HD int lowest_set_bit(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __ffs(static_cast<int>(bits)) - 1;
+#else
+  return __builtin_ctz(bits);
+#endif
+}
+
 TS_HD uint32_t float_bits(float x) {
   union { float f; uint32_t u; } v{x};
   return v.u;

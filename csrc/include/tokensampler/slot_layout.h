@@ -79,6 +79,15 @@ struct SlotRow {
     return token >= 0 && (token >> 5) < layout.prompt_mask_words &&
            ((prompt_mask()[token >> 5] >> (token & 31)) & 1u);
   }
+  // Calls f(token) for each prompt token in mask words w_begin, w_begin + step, ... below
+  // w_end (and the mask's end), lowest token first within a word.
+  template <typename F>
+  TS_HD void for_each_prompt_token(int32_t w_begin, int32_t w_end, int32_t step, F&& f) const {
+    if (w_end > layout.prompt_mask_words) w_end = layout.prompt_mask_words;
+    for (int32_t w = w_begin; w < w_end; w += step)
+      for (uint32_t bits = prompt_mask()[w]; bits != 0u; bits &= bits - 1u)
+        f(32 * w + lowest_set_bit(bits));
+  }
 };
 
 }  // namespace tokensampler
