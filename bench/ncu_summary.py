@@ -27,19 +27,21 @@ def main(path: str) -> None:
     rows = list(csv.DictReader(io.StringIO(text[start:])))
     kernels: OrderedDict[tuple, dict] = OrderedDict()
     for r in rows:
-        nvtx = next((v for k, v in r.items() if k and ("nvtx" in k.lower() or "range" in k.lower())
-                     and v), "")
-        key = (r["ID"], nvtx, "::".join(r["Kernel Name"].split("(")[0].split("<")[0].split("::")[-2:]))
+        # the push/pop range column reads '1143  "<default domain>:sample top_p:128:none:..."'
+        nvtx = next((v for k, v in r.items() if k and "Push/Pop_Range" in k and v), "")
+        nvtx = nvtx.split("sample ")[-1].split(":none")[0].strip('" ')
+        name = r["Kernel Name"].split("(")[0].removeprefix("void ").replace("split_row::", "")
+        key = (r["ID"], nvtx, name.replace("histogram_cut::", "hist::"))
         kernels.setdefault(key, {})[r["Metric Name"]] = r["Metric Value"].replace(",", "")
-    print(f"{'shape':<30} {'kernel':<28} " + " ".join(f"{c[1]:>8}" for c in COLUMNS))
+    print(f"{'shape':<20} {'kernel':<34} " + " ".join(f"{c[1]:>7}" for c in COLUMNS))
     for (_, shape, name), m in kernels.items():
         cells = []
         for metric, _, scale in COLUMNS:
             try:
-                cells.append(f"{float(m[metric]) * scale:8.1f}")
+                cells.append(f"{float(m[metric]) * scale:7.1f}")
             except (KeyError, ValueError):
-                cells.append(f"{'-':>8}")
-        print(f"{shape[-30:]:<30} {name:<28} " + " ".join(cells))
+                cells.append(f"{'-':>7}")
+        print(f"{shape[-20:]:<20} {name[:34]:<34} " + " ".join(cells))
 
 
 if __name__ == "__main__":

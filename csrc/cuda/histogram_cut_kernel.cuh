@@ -174,6 +174,9 @@ __device__ __forceinline__ void for_each_round(const LogitsRow<T>& row, int32_t 
       load4(row, round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)), end, l[u]);
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u)
+      mask4(row, round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)), end, l[u]);
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u)
       f(l[u], round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)));
   }
 }
@@ -324,6 +327,7 @@ __global__ void __launch_bounds__(kChunkThreads) select_kernel(const T* __restri
   __shared__ Candidate scratch[kChunkThreads / 32];
   __shared__ int32_t red[2 * kChunkThreads / 32];
   __shared__ CutSmem<kChunkThreads> cut_sm;
+  __shared__ split_row::BlockBest best_seen;
   const Chunk c = chunk_of(a);
   const RowParams p = split_row::row_params(a, c.r);
   if (!p.valid_slot || p.greedy) return;
@@ -339,7 +343,8 @@ __global__ void __launch_bounds__(kChunkThreads) select_kernel(const T* __restri
   const int sure_below = kind == kMassCut ? cut.bin : kind == kNoCut ? kBins : 0;
   const int list_from = kind == kMassCut ? cut.bin : 0;
   const int list_to = kind == kNoCut ? -1 : cut.bin;
-  const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);
+  if (threadIdx.x == 0) best_seen.reset();
+  const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);  // syncs
 
   const split_row::Args quiet = without_raw(a);
   Candidate best{kNegInf, kNoId};
@@ -357,14 +362,17 @@ __global__ void __launch_bounds__(kChunkThreads) select_kernel(const T* __restri
       if (sure[q]) sure_max = fmaxf(sure_max, z[q]);
     }
     // Noise only where it can win (as the split-row no-filter loop): G <= 16.64 for any word,
-    // and the word's leading zeros bound G before the two logs; margins cover the rounding.
-    if (sure_max != kNegInf && sure_max + 16.7f + 1e-5f * fabsf(sure_max) >= best.z) {
+    // and the word's leading zeros bound G before the two logs, against the block's best score
+    // so far; margins cover the rounding.
+    const float bar = fmaxf(best.z, best_seen.get());
+    if (sure_max != kNegInf && sure_max + 16.7f + 1e-5f * fabsf(sure_max) >= bar) {
       const Philox4 w = random_words(p.seed, p.position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        if (!sure[q] || z[q] + split_row::gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z[q]) < best.z) continue;
+        if (!sure[q] || z[q] + split_row::gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z[q]) < bar) continue;
         best = split_row::best_of(best, Candidate{f_add(z[q], split_row::gumbel_of_word(w.v[q])), i + q});
       }
+      if (best.z > bar) best_seen.raise(best.z);  // above the block's best: share it
     }
 #pragma unroll
     for (int q = 0; q < 4; ++q)  // past kCutCap: counted, not stored (the row's fallback)

@@ -29,17 +29,15 @@ __device__ __forceinline__ LogitsRow<T> logits_row(const T* logits, int64_t row_
 }
 
 // Tokens i .. i+3 (-inf past `end`) in one 16-byte (fp32) or 8-byte (fp16 / bf16) streaming
-// load where aligned; disallowed tokens -inf, NaN left for the caller's sanitising. i is a
-// multiple of 4 (chunks start at multiples of 4), so the four bits share a bitmask word.
+// load where aligned; NaN left for the caller's sanitising, the bitmask for mask4.
 template <typename T>
 __device__ __forceinline__ void load4(const LogitsRow<T>& row, int32_t i, int32_t end, float out[4]) {
   const T* x = row.values;
-  bool loaded = false;
   if constexpr (sizeof(T) == 4) {
     if (i + 3 < end && (reinterpret_cast<uintptr_t>(x + i) & 15) == 0) {
       const float4 v = __ldcs(reinterpret_cast<const float4*>(x + i));
       out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
-      loaded = true;
+      return;
     }
   } else {
     if (i + 3 < end && (reinterpret_cast<uintptr_t>(x + i) & 7) == 0) {
@@ -47,19 +45,23 @@ __device__ __forceinline__ void load4(const LogitsRow<T>& row, int32_t i, int32_
       const T* h = reinterpret_cast<const T*>(&v);
 #pragma unroll
       for (int q = 0; q < 4; ++q) out[q] = static_cast<float>(h[q]);
-      loaded = true;
+      return;
     }
   }
-  if (!loaded) {
 #pragma unroll
-    for (int q = 0; q < 4; ++q) out[q] = i + q < end ? static_cast<float>(x[i + q]) : kNegInf;
-  }
-  if (row.allowed != nullptr && i < end) {
-    const uint32_t bits = static_cast<uint32_t>(__ldg(row.allowed + (i >> 5))) >> (i & 31);
+  for (int q = 0; q < 4; ++q) out[q] = i + q < end ? static_cast<float>(x[i + q]) : kNegInf;
+}
+
+// §3.0 for the four tokens load4 read at i: disallowed ones -inf. i is a multiple of 4 (chunks
+// start at multiples of 4), so their bits share one bitmask word. Apart from load4 so that a
+// round issues all its logits loads before the first branch on the bitmask.
+template <typename T>
+__device__ __forceinline__ void mask4(const LogitsRow<T>& row, int32_t i, int32_t end, float out[4]) {
+  if (row.allowed == nullptr || i >= end) return;
+  const uint32_t bits = static_cast<uint32_t>(__ldg(row.allowed + (i >> 5))) >> (i & 31);
 #pragma unroll
-    for (int q = 0; q < 4; ++q)
-      if (!((bits >> q) & 1u)) out[q] = kNegInf;
-  }
+  for (int q = 0; q < 4; ++q)
+    if (!((bits >> q) & 1u)) out[q] = kNegInf;
 }
 
 }  // namespace tokensampler::cuda

@@ -329,6 +329,19 @@ __device__ __forceinline__ float process_group(float (&x)[4], int32_t i, int32_t
   return x_max4;
 }
 
+// The best score z + G any thread of a block has reached so far, in shared memory: the bar of
+// noise pruning (a token whose score bound is below it cannot win). Exact: it only ever holds
+// scores of real tokens, so it never exceeds the block's best.
+struct BlockBest {
+  uint32_t key;  // rank_key of the score; raised with atomicMax
+
+  __device__ __forceinline__ void reset() { key = rank_key(kNegInf); }  // one thread, then a barrier
+  __device__ __forceinline__ float get() const {
+    return key_to_z(*static_cast<const volatile uint32_t*>(&key));
+  }
+  __device__ __forceinline__ void raise(float z) { atomicMax(&key, rank_key(z)); }
+};
+
 // Appends `c` to buf where `take` holds: one atomic per warp. Entries at or past kCap are
 // counted but not stored.
 template <int32_t kCap = INT32_MAX>
@@ -494,6 +507,7 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
   __shared__ int32_t red_count[2 * kChunkThreads / 32];
   __shared__ int32_t buf_count, compact_counter, keep_count;
   __shared__ float threshold;
+  __shared__ BlockBest best_seen;  // no-filter rows
   __shared__ bool finishes_row;
 
   const int64_t r = blockIdx.x / a.splits;
@@ -523,23 +537,28 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
   if (threadIdx.x == 0) {
     buf_count = 0;
     threshold = kNegInf;
+    best_seen.reset();
   }
   __syncthreads();
 
   if (!top_k_rows && !p.greedy) {
     // No-filter rows: argmax of z + G, noise keyed by token id, so it is needed only where it
-    // can win: z + an exact upper bound of G from the random word must reach the thread's best
-    // (z estimated as x * (1 / T) with a relative margin that covers both roundings; the exact
-    // z = x / T where it counts). Philox for every 4 tokens bounds this loop, not memory.
+    // can win: z + an exact upper bound of G from the random word must reach the best score
+    // already seen in the block, any thread's (z estimated as x * (1 / T) with a relative
+    // margin that covers both roundings; the exact z = x / T where it counts). A token below it
+    // cannot win, so the two logs of its exact score are skipped, and a group below it skips
+    // Philox too. Philox for every 4 tokens bounds this loop, not memory.
     for (int32_t i = begin + 4 * static_cast<int32_t>(threadIdx.x); i < end; i += 4 * kChunkThreads) {
       float x[4];
       load4(row, i, end, x);
+      mask4(row, i, end, x);
       const float x_max4 =
           process_group(x, i, begin, end, a, bitmap, pen, inf_count, raw_m, raw_s, nullptr);
       argmax.z = fmaxf(argmax.z, x_max4);
       if (x_max4 == kNegInf) continue;
+      const float bar = fmaxf(best.z, best_seen.get());
       const float z_max4 = x_max4 * inv_t;  // G <= 16.64; the margins cover the rounding
-      if (x_max4 != INFINITY && z_max4 + 16.7f + 1e-5f * fabsf(z_max4) < best.z) continue;
+      if (x_max4 != INFINITY && z_max4 + 16.7f + 1e-5f * fabsf(z_max4) < bar) continue;
       const Philox4 w = random_words(p.seed, p.position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
@@ -549,9 +568,10 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
           continue;
         }
         const float z_est = x[q] * inv_t;
-        if (z_est + gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) >= best.z)
+        if (z_est + gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) >= bar)
           best = best_of(best, Candidate{gumbel_score(x[q], p.temperature, w.v[q]), i + q});
       }
+      if (best.z > bar) best_seen.raise(best.z);  // above the block's best: share it
     }
   }
   // Greedy and top-k rows, kLoadsInFlight loads per thread per round.
@@ -561,6 +581,9 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u)
       load4(row, round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)), end, l[u]);
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u)
+      mask4(row, round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)), end, l[u]);
     const float thr = top_k_rows ? threshold : 0.0f;
     const float thr_raw = top_k_rows ? admission_bound(thr, p.temperature) : 0.0f;
     float thread_max = kNegInf;  // top-k rows: the thread's largest z of the round
