@@ -163,18 +163,14 @@ __device__ CutBin find_cut(const Args& a, int64_t r, bool by_mass, int32_t k, fl
   return CutBin{bin, sm.before, limit};
 }
 
-// One round of kLoadsInFlight 16-byte loads per thread, processed (penalties, bias) by `f`.
+// One round of kLoadsInFlight 16-byte loads per thread (split_row::load_round), processed
+// (penalties, bias) by `f`.
 template <typename T, typename F>
 __device__ __forceinline__ void for_each_round(const LogitsRow<T>& row, int32_t begin, int32_t end,
                                                F&& f) {
   for (int32_t round = begin; round < end; round += kRoundTokens) {
     float l[kLoadsInFlight][4];
-#pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u)
-      load4(row, round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)), end, l[u]);
-#pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u)
-      mask4(row, round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)), end, l[u]);
+    split_row::load_round(row, round, end, l);
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u)
       f(l[u], round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)));

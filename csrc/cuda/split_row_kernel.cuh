@@ -329,6 +329,19 @@ __device__ __forceinline__ float process_group(float (&x)[4], int32_t i, int32_t
   return x_max4;
 }
 
+// This thread's kLoadsInFlight groups of a round (group u at round + 4 (u kChunkThreads +
+// thread), -inf past `end`), every load issued before the grammar bitmask is applied to any.
+template <typename T>
+__device__ __forceinline__ void load_round(const LogitsRow<T>& row, int32_t round, int32_t end,
+                                           float (&l)[kLoadsInFlight][4]) {
+#pragma unroll
+  for (int u = 0; u < kLoadsInFlight; ++u)
+    load4(row, round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)), end, l[u]);
+#pragma unroll
+  for (int u = 0; u < kLoadsInFlight; ++u)
+    mask4(row, round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)), end, l[u]);
+}
+
 // The best score z + G any thread of a block has reached so far, in shared memory: the bar of
 // noise pruning (a token whose score bound is below it cannot win). Exact: it only ever holds
 // scores of real tokens, so it never exceeds the block's best.
@@ -582,12 +595,7 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
   const int32_t rounds_end = top_k_rows || p.greedy ? end : begin;
   for (int32_t round = begin; round < rounds_end; round += kRoundTokens) {
     float l[kLoadsInFlight][4];
-#pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u)
-      load4(row, round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)), end, l[u]);
-#pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u)
-      mask4(row, round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)), end, l[u]);
+    load_round(row, round, end, l);
     const float thr = top_k_rows ? threshold : 0.0f;
     const float thr_raw = top_k_rows ? admission_bound(thr, p.temperature) : 0.0f;
     float thread_max = kNegInf;  // top-k rows: the thread's largest z of the round
