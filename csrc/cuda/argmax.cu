@@ -23,10 +23,8 @@ void argmax_rows(const at::Tensor& logits, at::Tensor& out_tokens,
   dispatch_logits_dtype(logits.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     argmax_rows_kernel<T, kThreads><<<rows, kThreads, 0, stream>>>(
-        logits.data_ptr<T>(), logits.stride(0),
-        token_bitmask ? token_bitmask->data_ptr<int32_t>() : nullptr,
-        token_bitmask ? token_bitmask->stride(0) : 0, static_cast<int32_t>(logits.size(1)),
-        out_tokens.data_ptr<int32_t>());
+        logits.data_ptr<T>(), logits.stride(0), bitmask_rows(token_bitmask),
+        static_cast<int32_t>(logits.size(1)), out_tokens.data_ptr<int32_t>());
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -30,9 +30,9 @@ __device__ __forceinline__ ArgmaxCandidate warp_argmax(ArgmaxCandidate c) {
 // One block per row. Each thread scans a strided slice, then warps and the block reduce.
 template <typename T, int kThreads>
 __global__ void argmax_rows_kernel(const T* __restrict__ logits, int64_t row_stride,
-                                   const int32_t* __restrict__ token_bitmask, int64_t bitmask_stride,
-                                   int32_t vocab, int32_t* __restrict__ out_tokens) {
-  const LogitsRow<T> row = logits_row(logits, row_stride, token_bitmask, bitmask_stride, blockIdx.x);
+                                   BitmaskRows token_bitmask, int32_t vocab,
+                                   int32_t* __restrict__ out_tokens) {
+  const LogitsRow<T> row = logits_row(logits, row_stride, token_bitmask, blockIdx.x);
   ArgmaxCandidate best{kNegInf, vocab};
   for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
     best = better_of(best, ArgmaxCandidate{row.raw(i), i});

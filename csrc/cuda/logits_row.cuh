@@ -20,12 +20,11 @@ struct LogitsRow {
   }
 };
 
-// Row r of the logits and of the bitmask (null: none).
+// Row r of the logits and of the bitmask.
 template <typename T>
 __device__ __forceinline__ LogitsRow<T> logits_row(const T* logits, int64_t row_stride,
-                                                   const int32_t* bitmask, int64_t bitmask_stride,
-                                                   int64_t r) {
-  return LogitsRow<T>{logits + r * row_stride, bitmask ? bitmask + r * bitmask_stride : nullptr};
+                                                   BitmaskRows bitmask, int64_t r) {
+  return LogitsRow<T>{logits + r * row_stride, bitmask.row(r)};
 }
 
 // Tokens i .. i+3 (-inf past `end`) in one 16-byte (fp32) or 8-byte (fp16 / bf16) streaming

@@ -15,8 +15,7 @@ namespace {
 
 struct SampleArgs {
   int64_t row_stride;
-  const int32_t* token_bitmask;  // [rows, ceil(V / 32)] or null (DESIGN §3.0)
-  int64_t bitmask_stride;
+  BitmaskRows token_bitmask;  // DESIGN §3.0
   int32_t vocab;
   const int32_t* req_pool_indices;
   const int32_t* valid_cache_lengths;
@@ -47,7 +46,7 @@ __global__ void __launch_bounds__(kSampleThreads)
                          a.out_top_ids, a.top_n);
     return;
   }
-  const LogitsRow<T> x = logits_row(logits, a.row_stride, a.token_bitmask, a.bitmask_stride, r);
+  const LogitsRow<T> x = logits_row(logits, a.row_stride, a.token_bitmask, r);
   const RowInput row = make_row(a.slot_table + static_cast<int64_t>(slot) * a.layout.row_words(),
                                 a.layout, int64_t{a.valid_cache_lengths[slot]} + j,
                                 a.candidates ? a.candidates + b * a.tokens_per_req + 1 : nullptr,
@@ -135,8 +134,7 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
   const auto stream = at::cuda::getCurrentCUDAStream();
   SampleArgs a;
   a.row_stride = logits.stride(0);
-  a.token_bitmask = token_bitmask ? token_bitmask->data_ptr<int32_t>() : nullptr;
-  a.bitmask_stride = token_bitmask ? token_bitmask->stride(0) : 0;
+  a.token_bitmask = bitmask_rows(token_bitmask);
   a.vocab = static_cast<int32_t>(logits.size(1));
   a.req_pool_indices = req_pool_indices.data_ptr<int32_t>();
   a.valid_cache_lengths = valid_cache_lengths.data_ptr<int32_t>();

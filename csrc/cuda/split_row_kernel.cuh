@@ -204,8 +204,7 @@ __device__ __forceinline__ Candidate load_candidate(const Candidate* at) {
 
 struct Args {
   int64_t row_stride;
-  const int32_t* token_bitmask;  // [rows, ceil(V / 32)] or null (DESIGN §3.0)
-  int64_t bitmask_stride;
+  BitmaskRows token_bitmask;  // DESIGN §3.0
   int32_t vocab;
   int32_t splits;
   int32_t chunk_len;
@@ -230,7 +229,7 @@ struct Args {
 
   template <typename T>
   __device__ __forceinline__ LogitsRow<T> row_of(const T* logits, int64_t r) const {
-    return logits_row(logits, row_stride, token_bitmask, bitmask_stride, r);
+    return logits_row(logits, row_stride, token_bitmask, r);
   }
 };
 

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <utility>
 
+#include "../ops/op_checks.h"
 #include "sample_rows_paths.h"
 #include "split_row_kernel.cuh"
 #include "workspace.h"
@@ -21,8 +22,7 @@ namespace tokensampler::cuda::split_row {
 inline Args common_args(const SampleRowsCall& c) {
   Args a{};
   a.row_stride = c.logits.stride(0);
-  a.token_bitmask = c.token_bitmask ? c.token_bitmask->data_ptr<int32_t>() : nullptr;
-  a.bitmask_stride = c.token_bitmask ? c.token_bitmask->stride(0) : 0;
+  a.token_bitmask = bitmask_rows(c.token_bitmask);
   a.vocab = static_cast<int32_t>(c.logits.size(1));
   a.req_pool_indices = c.req_pool_indices.data_ptr<int32_t>();
   a.valid_cache_lengths = c.valid_cache_lengths.data_ptr<int32_t>();

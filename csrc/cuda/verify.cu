@@ -122,8 +122,7 @@ void append_history(at::Tensor& slot_table, int64_t history_capacity, int64_t bi
 
 struct RejectionArgs {
   int64_t row_stride;
-  const int32_t* token_bitmask;  // [bs * n, ceil(V / 32)] or null (DESIGN §3.0)
-  int64_t bitmask_stride;
+  BitmaskRows token_bitmask;  // DESIGN §3.0
   int32_t vocab;
   const int32_t* req_pool_indices;
   const int32_t* valid_cache_lengths;
@@ -166,7 +165,7 @@ __global__ void __launch_bounds__(kSampleThreads)
   int32_t j = 0;
   for (; j < n; ++j) {
     const LogitsRow<T> x =
-        logits_row(logits, a.row_stride, a.token_bitmask, a.bitmask_stride, b * n + j);
+        logits_row(logits, a.row_stride, a.token_bitmask, b * n + j);
     const RowInput row = make_row(words, a.layout, t + j, cand + 1, j, V, a.apply_penalties);
     const RowPlan p = plan_row(x, row, sm, false);
     // The row's own §3 sample (block-uniform: every thread takes the same branches).
@@ -250,8 +249,7 @@ void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indic
                            : draft_probs.to(at::kFloat).contiguous();
   RejectionArgs a;
   a.row_stride = logits.stride(0);
-  a.token_bitmask = token_bitmask ? token_bitmask->data_ptr<int32_t>() : nullptr;
-  a.bitmask_stride = token_bitmask ? token_bitmask->stride(0) : 0;
+  a.token_bitmask = bitmask_rows(token_bitmask);
   a.vocab = V;
   a.req_pool_indices = req_pool_indices.data_ptr<int32_t>();
   a.valid_cache_lengths = valid_cache_lengths.data_ptr<int32_t>();

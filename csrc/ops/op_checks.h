@@ -12,6 +12,7 @@
 #include <c10/core/SymInt.h>
 
 #include "tokensampler/route.h"
+#include "tokensampler/row_rules.h"
 #include "tokensampler/slot_layout.h"
 
 namespace tokensampler {
@@ -106,9 +107,10 @@ inline void check_token_bitmask(const std::optional<at::Tensor>& token_bitmask,
                     ", expected ", logits.device());
 }
 
-// Row r of a checked token_bitmask; null without one.
-inline const int32_t* token_bitmask_row(const std::optional<at::Tensor>& token_bitmask, int64_t r) {
-  return token_bitmask ? token_bitmask->data_ptr<int32_t>() + r * token_bitmask->stride(0) : nullptr;
+// A checked token_bitmask as the kernels read it.
+inline BitmaskRows bitmask_rows(const std::optional<at::Tensor>& token_bitmask) {
+  if (!token_bitmask) return BitmaskRows{nullptr, 0};
+  return BitmaskRows{token_bitmask->data_ptr<int32_t>(), token_bitmask->stride(0)};
 }
 
 inline void check_argmax_rows_args(const at::Tensor& logits, const at::Tensor& out_tokens,

@@ -18,10 +18,11 @@ void argmax_rows(const at::Tensor& logits, at::Tensor& out_tokens,
   const int32_t V = static_cast<int32_t>(rows.size(1));
   const float* x = rows.data_ptr<float>();
   int32_t* out = out_tokens.data_ptr<int32_t>();
+  const BitmaskRows masks = bitmask_rows(token_bitmask);
   at::parallel_for(0, rows.size(0), 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* row = x + r * V;
-      const int32_t* allowed = token_bitmask_row(token_bitmask, r);
+      const int32_t* allowed = masks.row(r);
       int32_t best = 0;
       float best_value = read_logit(row[0], allowed, 0);
       for (int32_t i = 1; i < V; ++i) {
@@ -62,6 +63,7 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
   const int32_t* table = slot_table.data_ptr<int32_t>();
   const int32_t* cand = candidates ? candidates->data_ptr<int32_t>() : nullptr;
   const int64_t top_n = out_top_values ? out_top_values->size(1) : 0;
+  const BitmaskRows masks = bitmask_rows(token_bitmask);
 
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -82,7 +84,7 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
                      int64_t{lengths[slot]} + j, V,
                      cand ? cand + b * tokens_per_req + 1 : nullptr,
                      cand ? static_cast<int32_t>(j) : 0, apply_penalties};
-      ctx.allowed = token_bitmask_row(token_bitmask, r);
+      ctx.allowed = masks.row(r);
       const RowDistribution dist = filter_row(x.data_ptr<float>() + r * V, ctx);
       const int32_t token = sample_kept(dist, ctx);
       out_tokens.data_ptr<int32_t>()[r] = token;

@@ -69,6 +69,7 @@ void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indic
   const int32_t* cand = candidates.data_ptr<int32_t>();
   int32_t* predict = out_predict.data_ptr<int32_t>();
   bool* invalid = out_invalid.data_ptr<bool>();
+  const BitmaskRows masks = bitmask_rows(token_bitmask);
 
   for (int64_t b = 0; b < bs; ++b) {
     const int32_t slot = req_pool_indices.data_ptr<int32_t>()[b];
@@ -84,7 +85,7 @@ void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indic
     int64_t j = 0;
     for (; j < n; ++j) {
       RowContext ctx{row, t + j, V, cand + b * n + 1, static_cast<int32_t>(j), apply_penalties};
-      ctx.allowed = token_bitmask_row(token_bitmask, b * n + j);
+      ctx.allowed = masks.row(b * n + j);
       const RowDistribution dist = filter_row(x.data_ptr<float>() + (b * n + j) * V, ctx);
       invalid[b * n + j] = dist.invalid;
       if (j == n - 1 || dist.invalid) {  // bonus token, or nothing to compare against

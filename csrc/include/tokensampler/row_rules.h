@@ -18,6 +18,16 @@ TS_HD bool token_allowed(const int32_t* allowed_bits, int32_t i) {
   return allowed_bits == nullptr || ((static_cast<uint32_t>(allowed_bits[i >> 5]) >> (i & 31)) & 1u);
 }
 
+// §3.0: a grammar's token bitmask as every kernel, CPU or CUDA, is given it: int32
+// [rows, ceil(V / 32)] with contiguous rows, or none (words null).
+struct BitmaskRows {
+  const int32_t* words;
+  int64_t stride;  // words from one row to the next
+
+  // Row r's bits, or null (every token allowed) without a bitmask.
+  TS_HD const int32_t* row(int64_t r) const { return words ? words + r * stride : nullptr; }
+};
+
 // §3.0 then §3.1: the logit every later rule, raw logprobs included, starts from.
 TS_HD float read_logit(float x, const int32_t* allowed_bits, int32_t i) {
   return token_allowed(allowed_bits, i) ? sanitize_logit(x) : kNegInf;
