@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchmark as b  # noqa: E402
+from tokensampler.bitmask import pack_token_bitmask  # noqa: E402
 
 DENSITIES = {"half": 0.5, "json": 0.01}  # allowed fraction: free text-ish, a JSON-grammar state
 ROUTES = ["top_k_top_p", "no_filter", "top_p"]
@@ -57,8 +58,7 @@ def random_bitmask(rows: int, vocab: int, density: float, device: str) -> torch.
     words = (vocab + 31) // 32
     g = torch.Generator().manual_seed(rows * 7 + int(density * 1000))
     allowed = torch.rand(rows, words * 32, generator=g) < density
-    packed = (allowed.view(rows, words, 32).long() << torch.arange(32)).sum(-1)
-    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32).to(device)
+    return pack_token_bitmask(allowed).to(device)
 
 
 def check_equal(route_name: str, bs: int, dtype: torch.dtype, density: float, mask_fn,

@@ -16,7 +16,7 @@ except ImportError:
     xgrammar = None
 
 import tokensampler as ts
-from tokensampler.bitmask import bitmask_words
+from tokensampler.bitmask import bitmask_words, pack_token_bitmask
 
 V = 1000                      # not a multiple of 32: the last word has bits past V
 WORDS = bitmask_words(V)
@@ -53,11 +53,6 @@ def _config(device, **kw):
                                     vocab_size=V, device=device, enable_output_logprobs=True, **kw)
 
 
-def pack_bits(allowed: torch.Tensor) -> torch.Tensor:
-    """bool [rows, WORDS * 32] -> int32 [rows, WORDS] in xgrammar's layout."""
-    words = (allowed.view(allowed.size(0), -1, 32).long() << torch.arange(32)).sum(-1)
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
-
 
 def random_mask(rows, gen) -> torch.Tensor:
     """~30% allowed (bits past V random too); row 1 unconstrained, row 2 allows one token."""
@@ -66,7 +61,7 @@ def random_mask(rows, gen) -> torch.Tensor:
     if rows > 2:
         allowed[2] = False
         allowed[2, 5] = True
-    return pack_bits(allowed)
+    return pack_token_bitmask(allowed)
 
 
 def random_logits(rows, dtype, gen) -> torch.Tensor:
@@ -207,7 +202,7 @@ def test_row_with_no_allowed_finite_token_is_invalid(name, device):
                          [ts.SamplingParams(temperature=t, seed=1) for t in (0.9, 0.9, 0.0, 0.0)])
     info = ts.SamplingBatchInfo(torch.arange(1, BS + 1, dtype=torch.int32, device=device),
                                 torch.zeros(BS + 1, dtype=torch.int32, device=device), V, device,
-                                token_bitmask=pack_bits(allowed).to(device))
+                                token_bitmask=pack_token_bitmask(allowed).to(device))
     tokens, _ = backend.sample(ts.LogitsProcessorOutput(logits.to(device)), info)
     tokens = tokens.cpu()
     assert tokens[1] == 0 and tokens[3] == 0, tokens

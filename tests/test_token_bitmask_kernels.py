@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import tokensampler  # noqa: F401  (registers torch.ops.tokensampler)
+from tokensampler.bitmask import pack_token_bitmask
 from test_cuda_kernels import ROUTES, build_slots, random_params
 
 OPS = torch.ops.tokensampler
@@ -34,8 +35,7 @@ def _mask_bits(kind, rows, V, gen):
         allowed[0] = False             # no allowed token: §3.1, token 0 and invalid
         allowed[1 % rows, :] = False
         allowed[1 % rows, V - 1] = True  # one allowed token, the last one
-    packed = (allowed.view(rows, words, 32).long() << torch.arange(32)).sum(-1)
-    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32), allowed[:, :V]
+    return pack_token_bitmask(allowed), allowed[:, :V]
 
 
 def _inputs(route, V, dtype, kind, rows, seed):

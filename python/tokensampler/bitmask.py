@@ -13,12 +13,21 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["bitmask_words", "TokenBitmaskScratch", "apply_token_bitmask"]
+__all__ = ["bitmask_words", "pack_token_bitmask", "TokenBitmaskScratch", "apply_token_bitmask"]
 
 
 def bitmask_words(vocab_size: int) -> int:
     """int32 words per bitmask row: ceil(V / 32)."""
     return (vocab_size + 31) // 32
+
+
+def pack_token_bitmask(allowed: torch.Tensor) -> torch.Tensor:
+    """bool [rows, 32 * words] (True: allowed) -> int32 [rows, words] in xgrammar's layout: bit j
+    of word w allows token 32 w + j."""
+    rows = allowed.size(0)
+    shifts = torch.arange(32, device=allowed.device)
+    words = (allowed.reshape(rows, -1, 32).long() << shifts).sum(-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
 class TokenBitmaskScratch:
