@@ -81,7 +81,7 @@ def run_sample(logits, slots, lengths, table, hcap, bcap, n=1, candidates=None,
 
 
 def compare(logits, mgr, slots, lengths, route, n=1, candidates=None, penalties=True, mode=0,
-            top_n=0, min_match=0.999, lp_atol=1e-4):
+            top_n=0, lp_atol=1e-4):
     slots_t = torch.tensor(slots, dtype=torch.int32)
     table = mgr.table
     cpu = run_sample(logits, slots_t, lengths, table, mgr.history_capacity, mgr.bias_capacity, n,
@@ -89,11 +89,10 @@ def compare(logits, mgr, slots, lengths, route, n=1, candidates=None, penalties=
     gpu = run_sample(logits.cuda(), slots_t, lengths, table, mgr.history_capacity,
                      mgr.bias_capacity, n, candidates, penalties, mode, route, top_n)
     gpu = [None if t is None else t.cpu() for t in gpu]
-    same = (cpu[0] == gpu[0]).float().mean().item()
-    assert same >= min_match, f"tokens match on {same:.4%} of rows"
+    differ = (cpu[0] != gpu[0]).nonzero().flatten().tolist()
+    assert not differ, f"rows {differ}: CPU {cpu[0][differ].tolist()}, CUDA {gpu[0][differ].tolist()}"
     assert torch.equal(cpu[1], gpu[1])
-    both = (cpu[0] == gpu[0])
-    a, b = cpu[2][both], gpu[2][both]
+    a, b = cpu[2], gpu[2]
     fin = torch.isfinite(a)
     assert torch.equal(fin, torch.isfinite(b)) and torch.equal(a[~fin], b[~fin])
     torch.testing.assert_close(a[fin], b[fin], atol=lp_atol, rtol=0)
@@ -149,7 +148,7 @@ def test_many_seeds_and_positions(V):
                            route=ROUTES[route])[0].cpu()
             total += bs
             same += int((c == g).sum())
-    assert same / total >= 0.999, f"{same}/{total}"
+    assert same == total, f"{same}/{total}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -221,8 +220,8 @@ def test_edge_rows(dtype):
     mgr, slots, _ = build_slots(params, V)
     lengths = torch.tensor([0] + [rng.randrange(1 << 20) for _ in slots], dtype=torch.int32)
     for mode in (0, 1):  # with top-N: the one-block-per-row kernel
-        compare(logits, mgr, slots, lengths, 0, mode=mode, min_match=1.0, top_n=3)
-    compare(logits, mgr, slots, lengths, 0, min_match=1.0)  # the histogram-cut path
+        compare(logits, mgr, slots, lengths, 0, mode=mode, top_n=3)
+    compare(logits, mgr, slots, lengths, 0)  # the histogram-cut path
 
 
 def test_invalid_slot_rows():

@@ -7,22 +7,20 @@
 //   1. stats: the argmax of the processed logits (z_max), the +inf count, raw log-sum-exp
 //      partials;
 //   2. histogram (top-p / top-k rows): counts and masses of the row's tokens in bins of 1/64
-//      nat below z_max. Masses are integers (exp(z - bin top) in 2^-20 units, 32-bit shared
-//      atomics per block, 64-bit global ones across blocks), so the sums are exact and every
-//      run, batch and block size finds the same cut;
+//      nat below z_max. Masses are the integers of row_rules.h's top_p_mass (64-bit atomics), so
+//      the sums are exact and every run, batch and block size finds the same cut;
 //   3. select: every block finds the cut bin (the first whose cumulative mass reaches p times
 //      the total, or whose cumulative count reaches k). Tokens above it are surely kept: the
 //      block keeps the best z + G among them (and the min-p threshold). Tokens in the cut bin
 //      (top-k rows: in it or above it) go to a per-row list;
 //   4. finish: sorts the list into rank order and resolves the cut exactly (top-p: kept while
-//      the mass before a token is below the limit; top-k: the first k, then top-p in fp32 as
-//      the CPU reference, then min-p), and takes the best z + G.
+//      the mass before a token is below the limit; top-k: the first k, then top-p over their
+//      masses; both as the CPU reference; then min-p), and takes the best z + G.
 // Rows this cannot finish exactly (+inf logits, a list over kCutCap, top-k over kCountCutMaxK)
 // run the one-block-per-row kernel's code (sample_kernel.cuh) inside the finish kernel.
 #pragma once
 
-#include <cub/block/block_scan.cuh>
-
+#include "mass_scan.cuh"
 #include "sample_kernel.cuh"
 #include "split_row_kernel.cuh"
 
@@ -39,10 +37,8 @@ using split_row::RowParams;
 constexpr int kBins = 2048;
 constexpr float kBinsPerNat = 64.0f;
 constexpr int kCutCap = 4096;        // tokens in a row's cut list that the finish kernel sorts
-constexpr int kCountCutMaxK = kCutCap / 2;  // top-k rows: the list's tail holds k fp32 masses
+constexpr int kCountCutMaxK = kCutCap / 2;  // top-k rows: the list's tail holds the top-p scan
 constexpr int kFinishThreads = 1024; // the one-block-per-row kernel's block size (fallback)
-constexpr float kMassScale = 1048576.0f;  // 2^20 units of the bin top's mass
-constexpr int kBinBlockMax = 4095;        // tokens of a bin whose 32-bit block sum cannot overflow
 constexpr int32_t kMaxVocab = 1 << 23;
 
 struct Args : split_row::Args {
@@ -71,24 +67,6 @@ __device__ __forceinline__ int bin_of(float z, float z_max) {
   return static_cast<int>(fminf(f_sub(z_max, z) * kBinsPerNat, static_cast<float>(kBins - 1)));
 }
 
-__device__ __forceinline__ float bin_top(int b, float z_max) {
-  return f_sub(z_max, static_cast<float>(b) * (1.0f / kBinsPerNat));
-}
-
-// A token's mass relative to the top of its bin (at most 1: rounding can put z a hair above
-// it), in 2^-20 units.
-__device__ __forceinline__ uint32_t mass_in_bin(float z, int b, float z_max) {
-  return __float2uint_rn(fminf(expf(f_sub(z, bin_top(b, z_max))), 1.0f) * kMassScale);
-}
-
-// Mass in bin b's units (a sum of mass_in_bin) relative to z_max, rounded once: prefix sums of
-// these are exact integers.
-__device__ __forceinline__ unsigned long long weighted_mass(unsigned long long in_bin, int b,
-                                                            float z_max) {
-  const double scale = exp(static_cast<double>(bin_top(b, z_max)) - static_cast<double>(z_max));
-  return __double2ull_rn(static_cast<double>(in_bin) * scale);
-}
-
 // The row-wide argmax and +inf count from kernel 1's per-chunk results.
 struct RowStats {
   Candidate argmax;
@@ -114,12 +92,12 @@ __device__ RowStats merge_stats(const Args& a, int64_t r, Candidate* scratch, in
 struct CutBin {
   int bin;                    // tokens in lower bins are kept, in higher ones dropped
   unsigned long long before;  // mass (or count) of the lower bins
-  double limit;               // top-p: p * total mass; top-k: k
+  unsigned long long limit;   // top-p: top_p_limit of the total mass; top-k: k
 };
 
 template <int kThreads>
 struct CutSmem {
-  typename cub::BlockScan<unsigned long long, kThreads>::TempStorage scan;
+  typename MassScan<kThreads>::TempStorage scan;
   int bin;
   unsigned long long before;
 };
@@ -128,25 +106,25 @@ struct CutSmem {
 // (fewer finite tokens than k).
 template <int kThreads>
 __device__ CutBin find_cut(const Args& a, int64_t r, bool by_mass, int32_t k, float top_p,
-                           float z_max, CutSmem<kThreads>& sm) {
+                           CutSmem<kThreads>& sm) {
   constexpr int kPer = kBins / kThreads;
   unsigned long long v[kPer], sum = 0;
 #pragma unroll
   for (int q = 0; q < kPer; ++q) {
     const int b = threadIdx.x * kPer + q;
-    v[q] = by_mass ? weighted_mass(a.bin_masses[r * kBins + b], b, z_max)
+    v[q] = by_mass ? a.bin_masses[r * kBins + b]
                    : static_cast<unsigned long long>(a.bin_counts[r * kBins + b]);
     sum += v[q];
   }
   if (threadIdx.x == 0) sm.bin = kBins - 1;
   unsigned long long excl, total;
-  cub::BlockScan<unsigned long long, kThreads>(sm.scan).ExclusiveSum(sum, excl, total);
+  MassScan<kThreads>(sm.scan).ExclusiveSum(sum, excl, total);
   __syncthreads();
-  const double limit = by_mass ? static_cast<double>(top_p) * static_cast<double>(total) : k;
+  const unsigned long long limit = by_mass ? top_p_limit(top_p, total) : k;
   unsigned long long cum = excl;
 #pragma unroll
   for (int q = 0; q < kPer; ++q) {
-    if (static_cast<double>(cum + v[q]) >= limit) {
+    if (cum + v[q] >= limit) {
       atomicMin(&sm.bin, static_cast<int>(threadIdx.x) * kPer + q);
       break;
     }
@@ -275,7 +253,7 @@ template <typename T>
 __global__ void __launch_bounds__(kChunkThreads) histogram_kernel(const T* __restrict__ logits, Args a) {
   extern __shared__ __align__(16) uint32_t bitmap[];
   __shared__ int32_t counts[kBins];
-  __shared__ uint32_t masses[kBins];
+  __shared__ unsigned long long masses[kBins];
   __shared__ Candidate scratch[kChunkThreads / 32];
   __shared__ int32_t red[2 * kChunkThreads / 32];
   const Chunk c = chunk_of(a);
@@ -302,16 +280,14 @@ __global__ void __launch_bounds__(kChunkThreads) histogram_kernel(const T* __res
       const float z = scaled_logit(x[q], p.temperature);
       const int b = bin_of(z, z_max);
       atomicAdd(&counts[b], 1);
-      if (by_mass) atomicAdd(&masses[b], mass_in_bin(z, b, z_max));
+      if (by_mass) atomicAdd(&masses[b], static_cast<unsigned long long>(top_p_mass(z, z_max)));
     }
   });
   __syncthreads();
   for (int b = threadIdx.x; b < kBins; b += kChunkThreads) {
     if (counts[b] == 0) continue;
     atomicAdd(&a.bin_counts[c.r * kBins + b], counts[b]);
-    if (!by_mass) continue;
-    if (counts[b] > kBinBlockMax) atomicAdd(&a.cut_count[c.r], kCutCap + 1);  // sum may wrap: fallback
-    else atomicAdd(&a.bin_masses[c.r * kBins + b], static_cast<unsigned long long>(masses[b]));
+    if (by_mass) atomicAdd(&a.bin_masses[c.r * kBins + b], masses[b]);
   }
 }
 
@@ -332,8 +308,8 @@ __global__ void __launch_bounds__(kChunkThreads) select_kernel(const T* __restri
   if (kind != kNoCut && kind != kMassCut && kind != kCountCut) return;
   const float z_max = scaled_logit(s.argmax.z, p.temperature);
   const float tau = min_p_threshold(z_max, p.min_p);
-  CutBin cut{kBins, 0, 0.0};
-  if (kind != kNoCut) cut = find_cut<kChunkThreads>(a, c.r, kind == kMassCut, p.top_k, p.top_p, z_max, cut_sm);
+  CutBin cut{kBins, 0, 0};
+  if (kind != kNoCut) cut = find_cut<kChunkThreads>(a, c.r, kind == kMassCut, p.top_k, p.top_p, cut_sm);
   // Mass cut: bins below the cut are surely kept, the cut bin is listed. Count cut: the cut bin
   // and everything above it is listed (the finish kernel needs the whole top-k set in order).
   const int sure_below = kind == kMassCut ? cut.bin : kind == kNoCut ? kBins : 0;
@@ -382,7 +358,7 @@ __global__ void __launch_bounds__(kChunkThreads) select_kernel(const T* __restri
 struct FinishSmem {
   union {
     SampleSmem generic;  // fallback rows
-    Candidate list[kCutCap];  // cut rows; top-k rows use the tail past k for fp32 masses
+    Candidate list[kCutCap];  // cut rows; top-k rows scan top-p masses in the tail past k
   };
   CutSmem<kFinishThreads> cut_sm;
   Candidate scratch[kFinishThreads / 32];
@@ -439,7 +415,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
     token = best.id;
   } else if (kind == kMassCut || kind == kCountCut) {
     const float z_max = scaled_logit(argmax.z, p.temperature);
-    const CutBin cut = find_cut<kFinishThreads>(a, r, kind == kMassCut, p.top_k, p.top_p, z_max, sm.cut_sm);
+    const CutBin cut = find_cut<kFinishThreads>(a, r, kind == kMassCut, p.top_k, p.top_p, sm.cut_sm);
     const int n = split_row::next_pow2(max(listed, 1));
     const Candidate* src = a.chunk_candidates + r * kCutCap;
     for (int e = threadIdx.x; e < n; e += kFinishThreads)
@@ -449,31 +425,21 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
     if (kind == kMassCut) {
       // Kept while the mass before a token (lower bins, then the list in rank order) is below
       // the limit, and min-p.
-      constexpr int kPer = kCutCap / kFinishThreads;
-      unsigned long long m[kPer];
-#pragma unroll
-      for (int q = 0; q < kPer; ++q) {
-        const int e = threadIdx.x * kPer + q;
-        m[q] = e < listed ? mass_in_bin(sm.list[e].z, cut.bin, z_max) : 0ull;
-      }
-      unsigned long long excl[kPer];
-      cub::BlockScan<unsigned long long, kFinishThreads>(sm.cut_sm.scan).ExclusiveSum(m, excl);
+      const split_row::RankedMasses<kFinishThreads, kCutCap / kFinishThreads> masses(
+          sm.list, listed, z_max, sm.cut_sm.scan);
+      const int keep = masses.kept(listed, cut.before, cut.limit);
       const float tau = min_p_threshold(z_max, p.min_p);
-#pragma unroll
-      for (int q = 0; q < kPer; ++q) {
-        const int e = threadIdx.x * kPer + q;
-        if (e >= listed) break;
+      for (int e = threadIdx.x; e < keep; e += kFinishThreads) {
         const Candidate t = sm.list[e];
-        const unsigned long long before = cut.before + weighted_mass(excl[q], cut.bin, z_max);
-        if (static_cast<double>(before) >= cut.limit || t.z < tau) continue;
+        if (t.z < tau) continue;
         best = split_row::best_of(best, Candidate{f_add(t.z, gumbel_noise(p.seed, p.position, t.id, kStreamGumbel)), t.id});
       }
       token = split_row::block_best<kFinishThreads>(best, sm.scratch).id;
     } else {
       const int m = min(listed, p.top_k);
-      float* mass = reinterpret_cast<float*>(sm.list + kCountCutMaxK);  // m <= kCountCutMaxK
-      token = split_row::sample_ranked_prefix<kFinishThreads>(sm.list, m, p, z_max, mass,
-                                                              &sm.keep_count, sm.scratch);
+      auto* scan = reinterpret_cast<unsigned long long*>(sm.list + kCountCutMaxK);
+      token = split_row::sample_ranked_prefix<kFinishThreads, kCountCutMaxK>(
+          sm.list, m, p, z_max, scan, &sm.keep_count, sm.scratch);
     }
   }
   if (a.want_raw) split_row::block_merge_lse<kFinishThreads>(raw_m, raw_s, sm.red_m, sm.red_s);

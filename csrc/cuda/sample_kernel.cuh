@@ -5,7 +5,8 @@
 // Gumbel-max sample itself (noise fused into the pass, one Philox call per 4 tokens). Rows
 // with filters express every filter as a prefix of the rank order (z desc, id asc): top-k and
 // top-p boundaries are found by radix select over order-preserving keys of z (11/11/10-bit
-// digits, shared-memory histograms of counts and exp-masses), ties at a boundary split by id
+// digits, shared-memory histograms of counts and of row_rules.h's integer top-p masses, so sums
+// are exact in any order), ties at a boundary split by id
 // with an ordered block scan; min-p is a threshold. A last pass samples over the kept set.
 // Penalties: a 65536-bit filter in shared memory marks candidate tokens; a marked token is
 // looked up in the slot's sorted history / bias lists and this row's drafts.
@@ -16,6 +17,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "logits_row.cuh"
+#include "mass_scan.cuh"
 #include "penalty_lookup.cuh"
 #include "row_outputs.cuh"
 #include "tokensampler/rng.h"
@@ -35,18 +37,18 @@ enum RowKind : int { kRowInvalid = 0, kRowGreedy = 1, kRowInf = 2, kRowFilter = 
 struct SampleSmem {
   uint32_t bitmap[kPenaltyBitmapWords];
   int32_t counts[kBins];
-  float masses[kBins];
+  unsigned long long masses[kBins];
   float red_f[32];
   float red_f2[32];
   int32_t red_i[32];
   double red_d[32];
   typename cub::BlockScan<int, kSampleThreads>::TempStorage scan_i;
-  typename cub::BlockScan<float, kSampleThreads>::TempStorage scan_f;
+  typename MassScan<kSampleThreads>::TempStorage scan_m;
   int32_t found_id;
   uint32_t sel_digit;
   int32_t sel_cgt;
   int32_t sel_ceq;
-  float sel_mgt;
+  unsigned long long sel_mgt;
 };
 
 struct Best {
@@ -284,19 +286,19 @@ __device__ int32_t ordered_select(int32_t V, int32_t target, Pred pred, SampleSm
 struct Boundary {
   uint32_t key;
   int32_t id;
-  float total;  // mass (exp(z - z_max)) of the kept prefix
+  unsigned long long total;  // top-p mass of the kept prefix
 };
 
 // Radix select over the finite tokens' keys. Count mode: the prefix of `count` tokens. Mass
-// mode: the top-p prefix for limit (limit < 0: p * total mass of all finite tokens).
+// mode: the top-p prefix below `limit` (0: top_p_limit of all finite tokens' mass).
 template <typename T>
 __device__ Boundary radix_select(const LogitsRow<T>& x, const RowInput& row, float z_max, SampleSmem& sm,
-                                 bool mass_mode, int32_t count, float p, float limit,
+                                 bool mass_mode, int32_t count, float p, unsigned long long limit,
                                  bool need_mass) {
   const int32_t V = row.vocab;
   uint32_t prefix = 0, pmask = 0;
   int32_t c_gt = 0;
-  float m_gt = 0.0f, total_all = 0.0f;
+  unsigned long long m_gt = 0, total_all = 0;
   need_mass = need_mass || mass_mode;
   for (int level = 0; level < 3; ++level) {
     const int shift = level == 0 ? 21 : level == 1 ? 10 : 0;
@@ -304,7 +306,7 @@ __device__ Boundary radix_select(const LogitsRow<T>& x, const RowInput& row, flo
     __syncthreads();
     for (int b = threadIdx.x; b < nbins; b += kSampleThreads) {
       sm.counts[b] = 0;
-      sm.masses[b] = 0.0f;
+      sm.masses[b] = 0;
     }
     if (threadIdx.x == 0) sm.sel_digit = 0xFFFFFFFFu;
     __syncthreads();
@@ -316,32 +318,32 @@ __device__ Boundary radix_select(const LogitsRow<T>& x, const RowInput& row, flo
       if ((key & pmask) != prefix) continue;
       const int d = (key >> shift) & (nbins - 1);
       atomicAdd(&sm.counts[d], 1);
-      if (need_mass) atomicAdd(&sm.masses[d], expf(f_sub(z, z_max)));
+      if (need_mass) atomicAdd(&sm.masses[d], static_cast<unsigned long long>(top_p_mass(z, z_max)));
     }
     __syncthreads();
     const int per = (nbins + kSampleThreads - 1) / kSampleThreads;
     const int lo = min(static_cast<int>(threadIdx.x) * per, nbins);
     const int hi = min(lo + per, nbins);
     int lc = 0;
-    float lm = 0.0f;
+    unsigned long long lm = 0;
     for (int d = lo; d < hi; ++d) {
       lc += sm.counts[d];
       lm += sm.masses[d];
     }
     int excl_c, total_c;
-    float excl_m, total_m;
+    unsigned long long excl_m, total_m;
     cub::BlockScan<int, kSampleThreads>(sm.scan_i).ExclusiveSum(lc, excl_c, total_c);
-    cub::BlockScan<float, kSampleThreads>(sm.scan_f).ExclusiveSum(lm, excl_m, total_m);
+    MassScan<kSampleThreads>(sm.scan_m).ExclusiveSum(lm, excl_m, total_m);
     if (level == 0) {
       total_all = total_m;
-      if (mass_mode && limit < 0.0f) limit = f_mul(p, total_all);
+      if (mass_mode && limit == 0) limit = top_p_limit(p, total_all);
     }
     {
       int32_t cb = c_gt + excl_c;
-      float mb = m_gt + excl_m;
+      unsigned long long mb = m_gt + excl_m;
       for (int d = lo; d < hi; ++d) {
         const int c = sm.counts[d];
-        const float m = sm.masses[d];
+        const unsigned long long m = sm.masses[d];
         const bool hit = c > 0 && (mass_mode ? (mb + m >= limit) : (cb + c >= count));
         if (hit) {
           atomicMin(&sm.sel_digit, static_cast<uint32_t>(d));
@@ -356,7 +358,7 @@ __device__ Boundary radix_select(const LogitsRow<T>& x, const RowInput& row, flo
     if (digit == 0xFFFFFFFFu) return Boundary{kAllKey, kNoId, total_all};  // keeps every token
     if (static_cast<int>(digit) >= lo && static_cast<int>(digit) < hi) {
       int32_t cb = c_gt + excl_c;
-      float mb = m_gt + excl_m;
+      unsigned long long mb = m_gt + excl_m;
       for (int d = lo; d < static_cast<int>(digit); ++d) {
         cb += sm.counts[d];
         mb += sm.masses[d];
@@ -371,22 +373,16 @@ __device__ Boundary radix_select(const LogitsRow<T>& x, const RowInput& row, flo
     c_gt = sm.sel_cgt;
     m_gt = sm.sel_mgt;
   }
+  // The boundary key's c_eq tokens share one z, so one mass: keep the first t (id order) of them,
+  // t = the number whose mass before them (m_gt + j * mass) is below the limit (> m_gt here).
   const int32_t c_eq = sm.sel_ceq;
-  const float e_b = expf(f_sub(key_value(prefix), z_max));
+  const unsigned long long mass = top_p_mass(key_value(prefix), z_max);
   int32_t t;
-  if (!mass_mode) {
-    t = count - c_gt;
-  } else {
-    const float need = limit - m_gt;
-    if (!(need > 0.0f)) t = 1;
-    else if (!(e_b > 0.0f)) t = c_eq;
-    else {
-      const float q = need / e_b;
-      t = q >= static_cast<float>(c_eq) ? c_eq : max(1, static_cast<int32_t>(ceilf(q)));
-    }
-  }
+  if (!mass_mode) t = count - c_gt;
+  else if (mass == 0) t = c_eq;
+  else t = static_cast<int32_t>(min((limit - m_gt + mass - 1) / mass, static_cast<unsigned long long>(c_eq)));
   t = min(max(t, 1), c_eq);
-  const float total = m_gt + static_cast<float>(t) * e_b;
+  const unsigned long long total = m_gt + static_cast<unsigned long long>(t) * mass;
   int32_t id = kNoId;
   if (t < c_eq) {
     const uint32_t bkey = prefix;
@@ -497,15 +493,15 @@ __device__ RowPlan plan_row(const LogitsRow<T>& x, const RowInput& row, SampleSm
     return p;
   }
   const bool top_p_on = row.top_p < 1.0f;
-  float total_k = -1.0f;
+  unsigned long long total_k = 0;
   if (row.top_k_on) {
-    const Boundary b = radix_select(x, row, p.z_max, sm, false, row.top_k, 0.0f, -1.0f, top_p_on);
+    const Boundary b = radix_select(x, row, p.z_max, sm, false, row.top_k, 0.0f, 0, top_p_on);
     p.k_key = b.key;
     p.k_id = b.id;
     total_k = b.total;
   }
   if (top_p_on) {
-    const float limit = row.top_k_on ? f_mul(row.top_p, total_k) : -1.0f;
+    const unsigned long long limit = row.top_k_on ? top_p_limit(row.top_p, total_k) : 0;
     const Boundary b = radix_select(x, row, p.z_max, sm, true, 0, row.top_p, limit, true);
     p.p_key = b.key;
     p.p_id = b.id;

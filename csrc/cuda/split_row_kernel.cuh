@@ -17,9 +17,9 @@
 // Finishing a row (finish_row): one block merges the row's chunks: argmax / best score, or the
 // exact top-k of the chunks' candidates (block_select.cuh: candidates below the k-th largest of
 // the threads' maxima dropped first, then one warp bisects the few left), sorted (bitonic, <= 512
-// entries) only when top-p or +inf logits need the rank order; top-p as a sequential fp32 sum in
-// rank order (as the CPU reference), min-p, and Gumbel-max over the kept candidates. Every score
-// is computed with the helpers of the CPU kernels, so tokens are identical.
+// entries) only when top-p or +inf logits need the rank order; top-p over integer masses scanned
+// in rank order (row_rules.h, as the CPU reference), min-p, and Gumbel-max over the kept
+// candidates. Every score is computed with the helpers of the CPU kernels, so tokens are identical.
 // Two launches of it (split_row_sample.cu picks by the step's rows):
 //   - single launch, small steps: chunk_kernel<T, true>. Each block, after writing its chunk's
 //     results, takes a ticket of its row (an atomic counter in the workspace, after a
@@ -35,6 +35,7 @@
 
 #include "block_select.cuh"
 #include "logits_row.cuh"
+#include "mass_scan.cuh"
 #include "penalty_lookup.cuh"
 #include "row_outputs.cuh"
 #include "tokensampler/rng.h"
@@ -54,7 +55,7 @@ constexpr int kMergeCap = 4096;                        // finish kernel: splits 
 constexpr int kMaxSplits = 64;        // two-kernel launch, and top-k rows of the single launch
 constexpr int kFusedMaxSplits = 256;  // single launch, rows without top-k: fill the GPU at bs 1
 static_assert(kBufferCap - kMergeCap >= kSplitMaxTopK,
-              "the single launch's finishing block keeps top-p masses behind its merge buffer");
+              "the single launch's finishing block scans top-p masses behind its merge buffer");
 constexpr float kLn2 = 0.693147180559945f;
 
 // Programmatic dependent launch: a kernel launched with the programmatic-serialization attribute
@@ -373,13 +374,49 @@ __device__ __forceinline__ void append_candidate(bool take, Candidate c, Candida
   }
 }
 
-// Gumbel-max over the first m candidates of buf, in rank order (sorted when z_max is +inf or
-// top-p is on): +inf rows sample uniformly among their +inf tokens (top-p keeps the first
-// ceil(p * m_inf)); otherwise top-p as a sequential fp32 sum in rank order (as the CPU
-// reference), then min-p. `mass` holds m floats.
-template <int kThreads>
+// Top-p masses (row_rules.h) of the first m candidates of buf, in rank order, kPer consecutive
+// ones per thread: each one's mass and the exact sum of those before it (from `base`), and the
+// total. The block scan's storage is the caller's.
+template <int kThreads, int kPer>
+struct RankedMasses {
+  using Scan = MassScan<kThreads>;
+  unsigned long long before[kPer];
+  unsigned long long total;
+
+  __device__ __forceinline__ RankedMasses(const Candidate* buf, int m, float z_max,
+                                          typename Scan::TempStorage& storage) {
+    unsigned long long mass[kPer];
+#pragma unroll
+    for (int q = 0; q < kPer; ++q) {
+      const int j = threadIdx.x * kPer + q;
+      mass[q] = j < m ? top_p_mass(buf[j].z, z_max) : 0ull;
+    }
+    Scan(storage).ExclusiveSum(mass, before, total);
+  }
+
+  // How many of the m are kept: the mass before each, plus `base`, below `limit`. A prefix, as
+  // masses are not negative.
+  __device__ __forceinline__ int kept(int m, unsigned long long base, unsigned long long limit) const {
+    int keep = 0;
+#pragma unroll
+    for (int q = 0; q < kPer; ++q)
+      keep += __syncthreads_count(static_cast<int>(threadIdx.x) * kPer + q < m &&
+                                  base + before[q] < limit);
+    return keep;
+  }
+};
+
+// Gumbel-max over the first m (<= kMaxM) candidates of buf, in rank order (sorted when z_max is
+// +inf or top-p is on): +inf rows sample uniformly among their +inf tokens (top-p keeps the first
+// ceil(p * m_inf)); otherwise top-p over integer masses (as the CPU reference), then min-p.
+// `scan_storage` holds kMaxM 8-byte words.
+template <int kThreads, int kMaxM>
 __device__ int32_t sample_ranked_prefix(const Candidate* buf, int m, const RowParams& p, float z_max,
-                                        float* mass, int32_t* keep_count, Candidate* scratch) {
+                                        unsigned long long* scan_storage, int32_t* keep_count,
+                                        Candidate* scratch) {
+  constexpr int kPer = (kMaxM + kThreads - 1) / kThreads;
+  using Masses = RankedMasses<kThreads, kPer>;
+  static_assert(sizeof(typename Masses::Scan::TempStorage) <= kMaxM * sizeof(unsigned long long));
   if (z_max == INFINITY) {
     if (threadIdx.x == 0) {
       int m_inf = 0;
@@ -394,25 +431,15 @@ __device__ int32_t sample_ranked_prefix(const Candidate* buf, int m, const RowPa
       c = best_of(c, Candidate{gumbel_noise(p.seed, p.position, buf[j].id, kStreamGumbel), buf[j].id});
     return block_best<kThreads>(c, scratch).id;
   }
+  int keep = m;
   if (p.top_p < 1.0f) {
-    for (int j = threadIdx.x; j < m; j += kThreads) mass[j] = expf(f_sub(buf[j].z, z_max));
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float total_mass = 0.0f;
-      for (int j = 0; j < m; ++j) total_mass = f_add(total_mass, mass[j]);
-      const float limit = f_mul(p.top_p, total_mass);
-      float before_mass = 0.0f;
-      int keep = 0;
-      while (keep < m && before_mass < limit) before_mass = f_add(before_mass, mass[keep++]);
-      *keep_count = max(keep, 1);
-    }
-  } else if (threadIdx.x == 0) {
-    *keep_count = m;
+    const Masses masses(buf, m, z_max,
+                        *reinterpret_cast<typename Masses::Scan::TempStorage*>(scan_storage));
+    keep = max(masses.kept(m, 0ull, top_p_limit(p.top_p, masses.total)), 1);
   }
-  __syncthreads();
   const float cut = min_p_threshold(z_max, p.min_p);
   Candidate c{kNegInf, kNoId};
-  for (int j = threadIdx.x; j < *keep_count; j += kThreads) {
+  for (int j = threadIdx.x; j < keep; j += kThreads) {
     if (buf[j].z < cut) continue;
     const float score = f_add(buf[j].z, gumbel_noise(p.seed, p.position, buf[j].id, kStreamGumbel));
     c = best_of(c, Candidate{score, buf[j].id});
@@ -431,7 +458,7 @@ __device__ __forceinline__ float raw_logprob(float raw, int32_t inf_count, float
 // the single launch).
 struct FinishSmem {
   Candidate* buf;       // kMergeCap entries (top-k steps only)
-  float* mass;          // kSplitMaxTopK floats (top-k steps only)
+  unsigned long long* scan_storage;  // kSplitMaxTopK words (top-k steps with top-p only)
   Candidate* scratch;   // kThreads / 32
   Partial* partials;    // kThreads / 32
   float* red_m;         // kThreads / 32
@@ -496,7 +523,8 @@ __device__ __forceinline__ void finish_row(const T* __restrict__ logits, const A
       __syncthreads();
       bitonic_sort<kThreads>(sm.buf, n);
     }
-    token = sample_ranked_prefix<kThreads>(sm.buf, m, p, z_max, sm.mass, sm.keep_count, sm.scratch);
+    token = sample_ranked_prefix<kThreads, kSplitMaxTopK>(sm.buf, m, p, z_max, sm.scan_storage,
+                                                         sm.keep_count, sm.scratch);
   }
   if (threadIdx.x == 0) {
     a.out_tokens[r] = token;
@@ -694,8 +722,8 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
     __syncthreads();
     if (!finishes_row) return;
     __threadfence();
-    // The chunk buffer (top-k steps) becomes the merge buffer; top-p masses live behind it.
-    const FinishSmem sm{buf, reinterpret_cast<float*>(buf + kMergeCap), scratch, partials,
+    // The chunk buffer (top-k steps) becomes the merge buffer; the top-p scan works behind it.
+    const FinishSmem sm{buf, reinterpret_cast<unsigned long long*>(buf + kMergeCap), scratch, partials,
                         red_m, red_s, red_count, &keep_count, &compact_counter};
     finish_row<kChunkThreads>(logits, a, r, row_params(a, r), sm);  // reloaded: fewer live registers
   }
@@ -704,7 +732,7 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
 template <typename T>
 __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restrict__ logits, Args a) {
   __shared__ Candidate buf[kMergeCap];
-  __shared__ float mass[kSplitMaxTopK];
+  __shared__ unsigned long long scan_storage[kSplitMaxTopK];
   __shared__ Candidate scratch[kFinishThreads / 32];
   __shared__ Partial partials[kFinishThreads / 32];
   __shared__ float red_m[kFinishThreads / 32], red_s[kFinishThreads / 32];
@@ -718,7 +746,8 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
     write_unreadable_row(r, a.out_tokens, a.out_invalid, a.out_logprobs, nullptr, nullptr, 0);
     return;
   }
-  const FinishSmem sm{buf, mass, scratch, partials, red_m, red_s, red_count, &keep_count, &counter};
+  const FinishSmem sm{buf, scan_storage, scratch, partials, red_m, red_s, red_count, &keep_count,
+                      &counter};
   finish_row<kFinishThreads>(logits, a, r, p, sm);
 }
 

@@ -144,16 +144,13 @@ RowDistribution filter_row(const float* logits, const RowContext& ctx) {
   if (!top_k_on && top_p >= 1.0f) order = finite;
   if (top_p < 1.0f) {
     // Mass strictly before each token, in rank order, over the top-k set renormalised.
-    std::vector<float> e(order.size());
-    float total = 0.0f;
-    for (size_t j = 0; j < order.size(); ++j) {
-      e[j] = expf(f_sub(z[order[j]], z_max));
-      total = f_add(total, e[j]);
-    }
-    const float limit = f_mul(top_p, total);
-    float before = 0.0f;
+    std::vector<uint64_t> mass(order.size());
+    uint64_t total = 0;
+    for (size_t j = 0; j < order.size(); ++j) total += mass[j] = top_p_mass(z[order[j]], z_max);
+    const uint64_t limit = top_p_limit(top_p, total);
+    uint64_t before = 0;
     size_t keep = 0;
-    while (keep < order.size() && before < limit) before = f_add(before, e[keep++]);
+    while (keep < order.size() && before < limit) before += mass[keep++];
     order.resize(std::max<size_t>(keep, 1));
   }
   const float threshold = min_p_threshold(z_max, ctx.slot.min_p());

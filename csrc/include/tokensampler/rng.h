@@ -14,6 +14,7 @@
 #pragma once
 
 #include "tokensampler/platform.h"
+#include "tokensampler/portable_math.h"
 
 namespace tokensampler {
 
@@ -62,30 +63,6 @@ TS_HD Philox4 random_words(uint64_t seed, int64_t position, uint32_t group, uint
 // are k/2^23 + 2^-24 for k in [0, 2^23): never 0, never 1, all exactly representable.
 TS_HD float uniform_open01(uint32_t word) {
   return f_mul(static_cast<float>(word >> 9) + 0.5f, 1.0f / 8388608.0f);
-}
-
-// Natural log of a positive, finite, normal float, using only exactly-rounded operations so
-// the CPU and CUDA kernels produce the same bits (libm's logf and CUDA's logf differ in the
-// last ulp). x = m * 2^e with m in [sqrt(1/2), sqrt(2)); ln m = 2 atanh(s), s = (m-1)/(m+1),
-// |s| < 0.172, odd series to s^11: relative error ~1e-7, far below what sampling needs.
-TS_HD float portable_log(float x) {
-  uint32_t bits = float_bits(x);
-  int e = static_cast<int>((bits >> 23) & 0xFF) - 127;
-  float m = bits_float((bits & 0x007FFFFFu) | 0x3F800000u);  // [1, 2)
-  if (m > 1.41421356f) {
-    m = f_mul(m, 0.5f);
-    e += 1;
-  }
-  const float s = f_div(f_sub(m, 1.0f), f_add(m, 1.0f));
-  const float s2 = f_mul(s, s);
-  float poly = 2.0f / 11.0f;
-  poly = f_fma(poly, s2, 2.0f / 9.0f);
-  poly = f_fma(poly, s2, 2.0f / 7.0f);
-  poly = f_fma(poly, s2, 2.0f / 5.0f);
-  poly = f_fma(poly, s2, 2.0f / 3.0f);
-  poly = f_fma(poly, s2, 2.0f);
-  const float log_m = f_mul(poly, s);
-  return f_fma(static_cast<float>(e), 0.693147180559945f, log_m);
 }
 
 // Standard Gumbel noise G = -ln(-ln u) from one random word. With u in [2^-24, 1 - 2^-24],

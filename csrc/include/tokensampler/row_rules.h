@@ -66,6 +66,20 @@ TS_HD float draft_probability(float q) { return q > 0.0f ? (q < 1.0f ? q : 1.0f)
 // §3.6: z = l / T.
 TS_HD float scaled_logit(float l, float temperature) { return f_div(l, temperature); }
 
+// §3.6 top-p masses: a token's mass is the integer floor(2^32 e^(z - z_max)) (portable_exp,
+// 0 more than 23 nats down), so sums are exact in any order and every kernel, CPU or CUDA,
+// finds the same cut. A token is kept while the mass before it (rank order) is below
+// top_p_limit, p times the set's total rounded up to an integer (one double product).
+TS_HD uint64_t top_p_mass(float z, float z_max) {
+  const float d = f_sub(z, z_max);
+  if (!(d > -23.0f)) return 0;
+  return static_cast<uint64_t>(f_mul(portable_exp(d), 4294967296.0f));
+}
+
+TS_HD uint64_t top_p_limit(float top_p, uint64_t total) {
+  return static_cast<uint64_t>(ceil(static_cast<double>(top_p) * static_cast<double>(total)));
+}
+
 // §3.6 min-p threshold on z: keep z >= z_max + ln(min_p). min_p <= 0 keeps everything.
 TS_HD float min_p_threshold(float z_max, float min_p) {
   return min_p > 0.0f ? f_add(z_max, portable_log(min_p)) : kNegInf;
