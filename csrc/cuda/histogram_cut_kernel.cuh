@@ -7,8 +7,9 @@
 //   1. stats: the argmax of the processed logits (z_max), the +inf count, raw log-sum-exp
 //      partials;
 //   2. histogram (top-p / top-k rows): counts and masses of the row's tokens in bins of 1/64
-//      nat below z_max. Masses are the integers of row_rules.h's top_p_mass (64-bit atomics), so
-//      the sums are exact and every run, batch and block size finds the same cut;
+//      nat below z_max. Masses are the integers of row_rules.h's top_p_mass, summed per block in
+//      32-bit halves (native shared atomics) and per row in 64 bits, so the sums are exact and
+//      every run, batch and block size finds the same cut;
 //   3. select: every block finds the cut bin (the first whose cumulative mass reaches p times
 //      the total, or whose cumulative count reaches k). Tokens above it are surely kept: the
 //      block keeps the best z + G among them (and the min-p threshold). Tokens in the cut bin
@@ -39,7 +40,10 @@ constexpr float kBinsPerNat = 64.0f;
 constexpr int kCutCap = 4096;        // tokens in a row's cut list that the finish kernel sorts
 constexpr int kCountCutMaxK = kCutCap / 2;  // top-k rows: the list's tail holds the top-p scan
 constexpr int kFinishThreads = 1024; // the one-block-per-row kernel's block size (fallback)
-constexpr int32_t kMaxVocab = 1 << 23;
+// Tokens per chunk at most: a bin's per-block sums of 16-bit mass halves then fit in 32 bits.
+constexpr int32_t kMaxChunkTokens = 65532;
+static_assert(uint64_t{kMaxChunkTokens} * 65536 < (uint64_t{1} << 32));
+constexpr int32_t kMaxVocab = split_row::kMaxSplits * kMaxChunkTokens;  // 4.2 M; larger: one block per row
 
 struct Args : split_row::Args {
   int32_t* bin_counts;              // [rows, kBins]
@@ -252,8 +256,10 @@ __device__ __forceinline__ float processed_group(float (&x)[4], int32_t i, const
 template <typename T>
 __global__ void __launch_bounds__(kChunkThreads) histogram_kernel(const T* __restrict__ logits, Args a) {
   extern __shared__ __align__(16) uint32_t bitmap[];
-  __shared__ int32_t counts[kBins];
-  __shared__ unsigned long long masses[kBins];
+  // The block's bin sums in 32-bit words, so every add is a native shared atomic (a 64-bit one is
+  // a compare-and-swap loop): count rows count tokens in `low`; mass rows add each mass's low 16
+  // bits to `low` and the rest to `high` (kMaxChunkTokens: neither wraps).
+  __shared__ uint32_t low[kBins], high[kBins];
   __shared__ Candidate scratch[kChunkThreads / 32];
   __shared__ int32_t red[2 * kChunkThreads / 32];
   const Chunk c = chunk_of(a);
@@ -265,8 +271,8 @@ __global__ void __launch_bounds__(kChunkThreads) histogram_kernel(const T* __res
   const bool by_mass = kind == kMassCut;
   const float z_max = scaled_logit(s.argmax.z, p.temperature);
   for (int b = threadIdx.x; b < kBins; b += kChunkThreads) {
-    counts[b] = 0;
-    masses[b] = 0;
+    low[b] = 0;
+    high[b] = 0;
   }
   const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);
   __syncthreads();
@@ -279,15 +285,24 @@ __global__ void __launch_bounds__(kChunkThreads) histogram_kernel(const T* __res
       if (x[q] == kNegInf) continue;
       const float z = scaled_logit(x[q], p.temperature);
       const int b = bin_of(z, z_max);
-      atomicAdd(&counts[b], 1);
-      if (by_mass) atomicAdd(&masses[b], static_cast<unsigned long long>(top_p_mass(z, z_max)));
+      if (!by_mass) {
+        atomicAdd(&low[b], 1u);
+        continue;
+      }
+      const uint64_t m = top_p_mass(z, z_max);
+      if (m == 0) continue;
+      atomicAdd(&low[b], static_cast<uint32_t>(m & 0xFFFFu));
+      atomicAdd(&high[b], static_cast<uint32_t>(m >> 16));
     }
   });
   __syncthreads();
   for (int b = threadIdx.x; b < kBins; b += kChunkThreads) {
-    if (counts[b] == 0) continue;
-    atomicAdd(&a.bin_counts[c.r * kBins + b], counts[b]);
-    if (by_mass) atomicAdd(&a.bin_masses[c.r * kBins + b], masses[b]);
+    if (!by_mass) {
+      if (low[b] != 0) atomicAdd(&a.bin_counts[c.r * kBins + b], static_cast<int32_t>(low[b]));
+      continue;
+    }
+    const unsigned long long m = (static_cast<unsigned long long>(high[b]) << 16) + low[b];
+    if (m != 0) atomicAdd(&a.bin_masses[c.r * kBins + b], m);
   }
 }
 

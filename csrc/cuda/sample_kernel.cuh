@@ -42,6 +42,7 @@ struct SampleSmem {
   float red_f2[32];
   int32_t red_i[32];
   double red_d[32];
+  unsigned long long red_u[32];
   typename cub::BlockScan<int, kSampleThreads>::TempStorage scan_i;
   typename MassScan<kSampleThreads>::TempStorage scan_m;
   int32_t found_id;
@@ -79,7 +80,7 @@ __device__ __forceinline__ Best block_best(Best b, SampleSmem& sm) {
   return r;
 }
 
-// Block-wide sum; `red` holds one value per warp (sm.red_i or sm.red_d).
+// Block-wide sum; `red` holds one value per warp (sm.red_i, sm.red_d or sm.red_u).
 template <typename V>
 __device__ __forceinline__ V block_sum(V v, V* red) {
 #pragma unroll

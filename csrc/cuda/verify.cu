@@ -138,6 +138,20 @@ struct RejectionArgs {
   bool* out_invalid;
 };
 
+// The kept set's total top-p mass (row_rules.h): the denominator of every target probability
+// rejection sampling compares, exact in any summation order.
+template <typename T>
+__device__ unsigned long long kept_mass(const LogitsRow<T>& x, const RowInput& row, const RowPlan& p,
+                                        SampleSmem& sm) {
+  unsigned long long total = 0;
+  for (int32_t i = threadIdx.x; i < row.vocab; i += kSampleThreads) {
+    float z;
+    const float l = p.kind == kRowGreedy ? 0.0f : load_processed(x, row, sm, i);
+    if (kept_z(p, row, i, l, z)) total += top_p_mass(z, p.z_max);
+  }
+  return block_sum(total, sm.red_u);
+}
+
 // One block per request; its rows run in order until a draft is rejected.
 template <typename T>
 __global__ void __launch_bounds__(kSampleThreads)
@@ -186,8 +200,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     }
     RowPlan q = p;
     q.fused = false;  // the kept mass needs its own pass
-    double total = 0.0;
-    kept_sample(x, row, q, sm, true, &total);
+    const unsigned long long total = kept_mass(x, row, q, sm);
     const float* qrow = a.draft_probs + (b * (n - 1) + j) * static_cast<int64_t>(V);
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -195,8 +208,7 @@ __global__ void __launch_bounds__(kSampleThreads)
       const float q_draft = draft_probability(qrow[draft]);
       float z;
       const float l = q.kind == kRowGreedy ? 0.0f : load_processed(x, row, sm, draft);
-      if (kept_z(q, row, draft, l, z))
-        p_draft = exp(static_cast<double>(z) - static_cast<double>(q.z_max)) / total;
+      if (kept_z(q, row, draft, l, z)) p_draft = kept_probability(top_p_mass(z, q.z_max), total);
       const double coin = uniform_coin(row.seed, t + j, kStreamAcceptCoin);
       decision = coin * static_cast<double>(q_draft) < p_draft ? 1 : 0;
       if (decision) predict[j] = draft;
@@ -209,11 +221,11 @@ __global__ void __launch_bounds__(kSampleThreads)
       float z;
       const float l = q.kind == kRowGreedy ? 0.0f : load_processed(x, row, sm, i);
       if (!kept_z(q, row, i, l, z)) continue;
-      const double pi = exp(static_cast<double>(z) - static_cast<double>(q.z_max)) / total;
-      const double residual = pi - static_cast<double>(draft_probability(qrow[i]));
+      const double residual = kept_probability(top_p_mass(z, q.z_max), total) -
+                              static_cast<double>(draft_probability(qrow[i]));
       if (!(residual > 0.0)) continue;
       const float score =
-          f_add(static_cast<float>(log(residual)), gumbel_noise(row.seed, t + j, i, kStreamResidual));
+          f_add(residual_log_weight(residual), gumbel_noise(row.seed, t + j, i, kStreamResidual));
       best = better(best, Best{score, i});
     }
     best = block_best(best, sm);

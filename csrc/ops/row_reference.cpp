@@ -197,6 +197,17 @@ std::vector<double> kept_probabilities(const RowDistribution& d) {
   return p;
 }
 
+std::vector<double> rejection_probabilities(const RowDistribution& d) {
+  std::vector<double> p(d.kept.size(), 0.0);
+  if (d.kept.empty()) return p;
+  const float z_max = *std::max_element(d.kept_z.begin(), d.kept_z.end());
+  std::vector<uint64_t> mass(p.size());
+  uint64_t total = 0;
+  for (size_t j = 0; j < p.size(); ++j) total += mass[j] = top_p_mass(d.kept_z[j], z_max);
+  for (size_t j = 0; j < p.size(); ++j) p[j] = kept_probability(mass[j], total);
+  return p;
+}
+
 float raw_logprob(const RowDistribution& d, int32_t token) {
   return raw_logprob_given(d, raw_log_normalizer(d), token);
 }

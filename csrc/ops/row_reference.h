@@ -44,6 +44,10 @@ int32_t sample_kept(const RowDistribution& dist, const RowContext& ctx);
 // Probabilities of the kept tokens (softmax of kept_z; one-hot for greedy rows).
 std::vector<double> kept_probabilities(const RowDistribution& dist);
 
+// §4: the target probabilities rejection sampling compares with the draft's, from integer
+// top-p masses (row_rules.h), as the CUDA kernel computes them.
+std::vector<double> rejection_probabilities(const RowDistribution& dist);
+
 // §3.8: log-softmax of the raw logits at `token`.
 float raw_logprob(const RowDistribution& dist, int32_t token);
 

@@ -40,8 +40,8 @@ int32_t sample_residual(const RowDistribution& dist, const std::vector<double>& 
     const int32_t i = dist.kept[k];
     const double residual = p[k] - double(draft_probability(q[i]));
     if (!(residual > 0.0)) continue;
-    const float score = static_cast<float>(std::log(residual)) +
-                        gumbel_noise(seed, position, i, kStreamResidual);
+    const float score = f_add(residual_log_weight(residual),
+                              gumbel_noise(seed, position, i, kStreamResidual));
     if (best < 0 || ranks_before(score, i, best_score, best)) {
       best = i;
       best_score = score;
@@ -98,7 +98,7 @@ void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indic
         break;
       }
       const float* q = q_all.data_ptr<float>() + (b * (n - 1) + j) * V;
-      const std::vector<double> p = kept_probabilities(dist);
+      const std::vector<double> p = rejection_probabilities(dist);
       double p_draft = 0.0;
       for (size_t k = 0; k < dist.kept.size(); ++k)
         if (dist.kept[k] == draft) p_draft = p[k];

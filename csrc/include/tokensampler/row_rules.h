@@ -80,6 +80,16 @@ TS_HD uint64_t top_p_limit(float top_p, uint64_t total) {
   return static_cast<uint64_t>(ceil(static_cast<double>(top_p) * static_cast<double>(total)));
 }
 
+// §4 rejection sampling: a kept token's target probability is its top-p mass over the kept set's
+// total (one double division), and a positive residual p - q weighs its Gumbel draw by
+// portable_log, so CPU and CUDA accept and resample identically. (p >= 2^-55 and q is a float, so
+// a positive residual is at least 2^-107: a normal float.)
+TS_HD double kept_probability(uint64_t mass, uint64_t kept_total) {
+  return static_cast<double>(mass) / static_cast<double>(kept_total);
+}
+
+TS_HD float residual_log_weight(double residual) { return portable_log(static_cast<float>(residual)); }
+
 // §3.6 min-p threshold on z: keep z >= z_max + ln(min_p). min_p <= 0 keeps everything.
 TS_HD float min_p_threshold(float z_max, float min_p) {
   return min_p > 0.0f ? f_add(z_max, portable_log(min_p)) : kNegInf;
