@@ -19,6 +19,9 @@
 //      masses; both as the CPU reference; then min-p), and takes the best z + G.
 // Rows this cannot finish exactly (+inf logits, a list over kCutCap, top-k over kCountCutMaxK)
 // run the one-block-per-row kernel's code (sample_kernel.cuh) inside the finish kernel.
+// Kernels 1–3 read whole chunks, so each comes in two instantiations picked at launch (as the
+// split-row chunk kernel): kMasked for a step with a grammar bitmask, and one without any
+// bitmask code for a step without.
 #pragma once
 
 #include "mass_scan.cuh"
@@ -147,9 +150,9 @@ __device__ CutBin find_cut(const Args& a, int64_t r, bool by_mass, int32_t k, fl
 
 // One round of kLoadsInFlight 16-byte loads per thread (split_row::load_round), processed
 // (penalties, bias) by `f`.
-template <typename T, typename F>
-__device__ __forceinline__ void for_each_round(const LogitsRow<T>& row, int32_t begin, int32_t end,
-                                               F&& f) {
+template <typename T, bool kMasked, typename F>
+__device__ __forceinline__ void for_each_round(const LogitsRow<T, kMasked>& row, int32_t begin,
+                                               int32_t end, F&& f) {
   for (int32_t round = begin; round < end; round += kRoundTokens) {
     float l[kLoadsInFlight][4];
     split_row::load_round(row, round, end, l);
@@ -184,7 +187,7 @@ __device__ __forceinline__ PenaltySource mark_chunk_penalties(const Args& a, con
 
 // Kernel 1: per chunk, the argmax of the processed logits, the +inf count, raw partials. Also
 // clears the row's histogram and cut list for kernels 2 and 3.
-template <typename T>
+template <typename T, bool kMasked>
 __global__ void __launch_bounds__(kChunkThreads) stats_kernel(const T* __restrict__ logits, Args a) {
   extern __shared__ __align__(16) uint32_t bitmap[];
   __shared__ Candidate scratch[kChunkThreads / 32];
@@ -206,7 +209,7 @@ __global__ void __launch_bounds__(kChunkThreads) stats_kernel(const T* __restric
   Candidate argmax{kNegInf, kNoId};
   float raw_m = kNegInf, raw_s = 0.0f;
   int32_t inf_count = 0;
-  for_each_round(a.row_of(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
+  for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
     split_row::process_group(x, i, c.begin, c.end, a, bitmap, pen, inf_count, raw_m, raw_s, &argmax);
   });
   argmax = split_row::block_best<kChunkThreads>(argmax, scratch);
@@ -253,7 +256,7 @@ __device__ __forceinline__ float processed_group(float (&x)[4], int32_t i, const
 }
 
 // Kernel 2 (top-p and top-k rows): the chunk's histogram, added to the row's.
-template <typename T>
+template <typename T, bool kMasked>
 __global__ void __launch_bounds__(kChunkThreads) histogram_kernel(const T* __restrict__ logits, Args a) {
   extern __shared__ __align__(16) uint32_t bitmap[];
   // The block's bin sums in 32-bit words, so every add is a native shared atomic (a 64-bit one is
@@ -278,7 +281,7 @@ __global__ void __launch_bounds__(kChunkThreads) histogram_kernel(const T* __res
   __syncthreads();
 
   const split_row::Args quiet = without_raw(a);
-  for_each_round(a.row_of(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
+  for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
     if (processed_group(x, i, c, quiet, bitmap, pen) == kNegInf) return;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -308,7 +311,7 @@ __global__ void __launch_bounds__(kChunkThreads) histogram_kernel(const T* __res
 
 // Kernel 3: the best z + G of the chunk's surely kept tokens (into results[].best), and the
 // cut bin's tokens appended to the row's list.
-template <typename T>
+template <typename T, bool kMasked>
 __global__ void __launch_bounds__(kChunkThreads) select_kernel(const T* __restrict__ logits, Args a) {
   extern __shared__ __align__(16) uint32_t bitmap[];
   __shared__ Candidate scratch[kChunkThreads / 32];
@@ -336,7 +339,7 @@ __global__ void __launch_bounds__(kChunkThreads) select_kernel(const T* __restri
   const split_row::Args quiet = without_raw(a);
   Candidate best{kNegInf, kNoId};
   Candidate* list = a.chunk_candidates + c.r * kCutCap;
-  for_each_round(a.row_of(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
+  for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
     processed_group(x, i, c, quiet, bitmap, pen);
     float z[4], sure_max = kNegInf;
     bool sure[4], listed[4];

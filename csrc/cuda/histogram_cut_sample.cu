@@ -39,16 +39,20 @@ bool try_sample(const SampleRowsCall& c) {
   const size_t bitmap_smem = c.apply_penalties ? kPenaltyBitmapWords * sizeof(uint32_t) : 0;
   const auto stream = at::cuda::getCurrentCUDAStream();
   const unsigned chunks = static_cast<unsigned>(rows * a.splits);
+  const bool masked = a.token_bitmask.words != nullptr;  // kMasked: unmasked steps skip its code
   auto launch = [&](auto tag) {
     using T = decltype(tag);
     const T* x = c.logits.data_ptr<T>();
-    stats_kernel<T><<<chunks, kChunkThreads, bitmap_smem, stream>>>(x, a);
+    const auto stats_fn = masked ? stats_kernel<T, true> : stats_kernel<T, false>;
+    const auto histogram_fn = masked ? histogram_kernel<T, true> : histogram_kernel<T, false>;
+    const auto select_fn = masked ? select_kernel<T, true> : select_kernel<T, false>;
+    stats_fn<<<chunks, kChunkThreads, bitmap_smem, stream>>>(x, a);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     if (histogram_rows) {
-      histogram_kernel<T><<<chunks, kChunkThreads, bitmap_smem, stream>>>(x, a);
+      histogram_fn<<<chunks, kChunkThreads, bitmap_smem, stream>>>(x, a);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
-    select_kernel<T><<<chunks, kChunkThreads, bitmap_smem, stream>>>(x, a);
+    select_fn<<<chunks, kChunkThreads, bitmap_smem, stream>>>(x, a);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     finish_kernel<T><<<static_cast<unsigned>(rows), kFinishThreads, 0, stream>>>(x, a);
     C10_CUDA_KERNEL_LAUNCH_CHECK();

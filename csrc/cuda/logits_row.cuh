@@ -9,28 +9,33 @@
 
 namespace tokensampler::cuda {
 
-template <typename T>
+// kMasked false: a row of a step without a bitmask, read with no bitmask code (the multi-block
+// kernels come in both instantiations, picked at launch, so their hot loops pay nothing for it
+// in unmasked steps); true (every other kernel): the bitmask row checked at run time, or null.
+template <typename T, bool kMasked = true>
 struct LogitsRow {
   const T* values;
-  const int32_t* allowed;  // bitmask row, or null: every token allowed
+  const int32_t* allowed;  // bitmask row, or null: every token allowed (always null unmasked)
 
   // §3.0–3.1 for token i.
   __device__ __forceinline__ float raw(int32_t i) const {
-    return read_logit(static_cast<float>(values[i]), allowed, i);
+    return read_logit(static_cast<float>(values[i]), kMasked ? allowed : nullptr, i);
   }
 };
 
-// Row r of the logits and of the bitmask.
-template <typename T>
-__device__ __forceinline__ LogitsRow<T> logits_row(const T* logits, int64_t row_stride,
-                                                   BitmaskRows bitmask, int64_t r) {
-  return LogitsRow<T>{logits + r * row_stride, bitmask.row(r)};
+// Row r of the logits and of the bitmask (kMasked false: of the logits only; the step has no
+// bitmask).
+template <bool kMasked = true, typename T>
+__device__ __forceinline__ LogitsRow<T, kMasked> logits_row(const T* logits, int64_t row_stride,
+                                                            BitmaskRows bitmask, int64_t r) {
+  return LogitsRow<T, kMasked>{logits + r * row_stride, kMasked ? bitmask.row(r) : nullptr};
 }
 
 // Tokens i .. i+3 (-inf past `end`) in one 16-byte (fp32) or 8-byte (fp16 / bf16) streaming
 // load where aligned; NaN left for the caller's sanitising, the bitmask for mask4.
-template <typename T>
-__device__ __forceinline__ void load4(const LogitsRow<T>& row, int32_t i, int32_t end, float out[4]) {
+template <typename T, bool kMasked>
+__device__ __forceinline__ void load4(const LogitsRow<T, kMasked>& row, int32_t i, int32_t end,
+                                      float out[4]) {
   const T* x = row.values;
   if constexpr (sizeof(T) == 4) {
     if (i + 3 < end && (reinterpret_cast<uintptr_t>(x + i) & 15) == 0) {
@@ -53,14 +58,17 @@ __device__ __forceinline__ void load4(const LogitsRow<T>& row, int32_t i, int32_
 
 // §3.0 for the four tokens load4 read at i: disallowed ones -inf. i is a multiple of 4 (chunks
 // start at multiples of 4), so their bits share one bitmask word. Apart from load4 so that a
-// round issues all its logits loads before the first branch on the bitmask.
-template <typename T>
-__device__ __forceinline__ void mask4(const LogitsRow<T>& row, int32_t i, int32_t end, float out[4]) {
-  if (row.allowed == nullptr || i >= end) return;
-  const uint32_t bits = static_cast<uint32_t>(__ldg(row.allowed + (i >> 5))) >> (i & 31);
+// round issues all its logits loads before the first branch on the bitmask. Nothing unmasked.
+template <typename T, bool kMasked>
+__device__ __forceinline__ void mask4(const LogitsRow<T, kMasked>& row, int32_t i, int32_t end,
+                                      float out[4]) {
+  if constexpr (kMasked) {
+    if (row.allowed == nullptr || i >= end) return;
+    const uint32_t bits = static_cast<uint32_t>(__ldg(row.allowed + (i >> 5))) >> (i & 31);
 #pragma unroll
-  for (int q = 0; q < 4; ++q)
-    if (!((bits >> q) & 1u)) out[q] = kNegInf;
+    for (int q = 0; q < 4; ++q)
+      if (!((bits >> q) & 1u)) out[q] = kNegInf;
+  }
 }
 
 }  // namespace tokensampler::cuda

@@ -20,15 +20,16 @@
 // entries) only when top-p or +inf logits need the rank order; top-p over integer masses scanned
 // in rank order (row_rules.h, as the CPU reference), min-p, and Gumbel-max over the kept
 // candidates. Every score is computed with the helpers of the CPU kernels, so tokens are identical.
-// Two launches of it (split_row_sample.cu picks by the step's rows):
-//   - single launch, small steps: chunk_kernel<T, true>. Each block, after writing its chunk's
-//     results, takes a ticket of its row (an atomic counter in the workspace, after a
+// Two launches of it (split_row_sample.cu picks by the step's rows; kMasked by whether the step
+// has a grammar bitmask, so steps without one run no bitmask code):
+//   - single launch, small steps: chunk_kernel<T, true, kMasked>. Each block, after writing its
+//     chunk's results, takes a ticket of its row (an atomic counter in the workspace, after a
 //     __threadfence); the block that draws the last one reads the others' results through L2,
 //     finishes the row in its own shared memory and resets the ticket to zero, so the next
 //     launch and every CUDA-graph replay find it zero (workspace.h states the invariant). No
 //     block ever waits for another. Rows without top-k take up to kFusedMaxSplits chunks here.
-//   - two launches, larger steps: chunk_kernel<T, false>, then finish_kernel (one block per row),
-//     launched with programmatic dependent launch.
+//   - two launches, larger steps: chunk_kernel<T, false, kMasked>, then finish_kernel (one block
+//     per row), launched with programmatic dependent launch.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -228,9 +229,9 @@ struct Args {
   bool* out_invalid;
   float* out_logprobs;
 
-  template <typename T>
-  __device__ __forceinline__ LogitsRow<T> row_of(const T* logits, int64_t r) const {
-    return logits_row(logits, row_stride, token_bitmask, r);
+  template <bool kMasked = true, typename T>
+  __device__ __forceinline__ LogitsRow<T, kMasked> row_of(const T* logits, int64_t r) const {
+    return logits_row<kMasked>(logits, row_stride, token_bitmask, r);
   }
 };
 
@@ -331,9 +332,9 @@ __device__ __forceinline__ float process_group(float (&x)[4], int32_t i, int32_t
 
 // This thread's kLoadsInFlight groups of a round (group u at round + 4 (u kChunkThreads +
 // thread), -inf past `end`), every load issued before the grammar bitmask is applied to any.
-template <typename T>
-__device__ __forceinline__ void load_round(const LogitsRow<T>& row, int32_t round, int32_t end,
-                                           float (&l)[kLoadsInFlight][4]) {
+template <typename T, bool kMasked>
+__device__ __forceinline__ void load_round(const LogitsRow<T, kMasked>& row, int32_t round,
+                                           int32_t end, float (&l)[kLoadsInFlight][4]) {
 #pragma unroll
   for (int u = 0; u < kLoadsInFlight; ++u)
     load4(row, round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)), end, l[u]);
@@ -536,8 +537,9 @@ __device__ __forceinline__ void finish_row(const T* __restrict__ logits, const A
 }
 
 // kFused (the single launch): the last block of each row to finish its chunk (a per-row ticket)
-// finishes the row itself, so a step is one kernel.
-template <typename T, bool kFused>
+// finishes the row itself, so a step is one kernel. kMasked: the step has a grammar bitmask;
+// without one the loops carry no bitmask code (they run at the 64-register cap).
+template <typename T, bool kFused, bool kMasked>
 __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __restrict__ logits, Args a) {
   // Dynamic shared memory: [penalty bitmap, if penalties][candidate buffer, if top-k rows].
   extern __shared__ __align__(16) unsigned char dyn_smem[];
@@ -562,7 +564,7 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
       write_unreadable_row(r, a.out_tokens, a.out_invalid, a.out_logprobs, nullptr, nullptr, 0);
     return;  // the whole block; this row's ticket is never taken
   }
-  const LogitsRow<T> row = a.row_of(logits, r);
+  const LogitsRow<T, kMasked> row = a.row_of<kMasked>(logits, r);
   const bool top_k_rows = !p.greedy && p.top_k_on && a.k_cap > 0;
   const int32_t k = min(p.top_k, a.k_cap);
   uint32_t* bitmap = reinterpret_cast<uint32_t*>(dyn_smem);

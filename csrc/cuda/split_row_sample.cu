@@ -55,13 +55,16 @@ bool try_sample(const SampleRowsCall& c) {
                             (top_k_family ? kBufferCap * sizeof(Candidate) : 0);
   static_assert(kPenaltyBitmapWords * sizeof(uint32_t) + kBufferCap * sizeof(Candidate) <= 48 * 1024);
   const bool pdl = use_pdl();
+  const bool masked = a.token_bitmask.words != nullptr;  // kMasked: unmasked steps skip its code
   auto run = [&](auto tag) {
     using T = decltype(tag);
     const T* x = c.logits.data_ptr<T>();
     if (fused) {
-      launch(chunk_kernel<T, true>, rows * a.splits, kChunkThreads, chunk_smem, pdl, x, a);
+      launch(masked ? chunk_kernel<T, true, true> : chunk_kernel<T, true, false>, rows * a.splits,
+             kChunkThreads, chunk_smem, pdl, x, a);
     } else {
-      launch(chunk_kernel<T, false>, rows * a.splits, kChunkThreads, chunk_smem, pdl, x, a);
+      launch(masked ? chunk_kernel<T, false, true> : chunk_kernel<T, false, false>,
+             rows * a.splits, kChunkThreads, chunk_smem, pdl, x, a);
       launch(finish_kernel<T>, rows, kFinishThreads, 0, pdl, x, a);
     }
   };
