@@ -56,19 +56,35 @@ __device__ __forceinline__ void load4(const LogitsRow<T, kMasked>& row, int32_t 
   for (int q = 0; q < 4; ++q) out[q] = i + q < end ? static_cast<float>(x[i + q]) : kNegInf;
 }
 
-// §3.0 for the four tokens load4 read at i: disallowed ones -inf. i is a multiple of 4 (chunks
-// start at multiples of 4), so their bits share one bitmask word. Apart from load4 so that a
-// round issues all its logits loads before the first branch on the bitmask. Nothing unmasked.
+// §3.0 for the four tokens at i, in two steps so that a round issues every load (logits and
+// bitmask words) before its first use of one: mask_bits loads their allowed bits (all ones
+// without a bitmask or past `end`), apply_mask sets disallowed ones to -inf. i is a multiple of 4
+// (chunks start at multiples of 4), so the four bits share one bitmask word. Nothing unmasked.
 template <typename T, bool kMasked>
-__device__ __forceinline__ void mask4(const LogitsRow<T, kMasked>& row, int32_t i, int32_t end,
-                                      float out[4]) {
+__device__ __forceinline__ uint32_t mask_bits(const LogitsRow<T, kMasked>& row, int32_t i, int32_t end) {
   if constexpr (kMasked) {
-    if (row.allowed == nullptr || i >= end) return;
-    const uint32_t bits = static_cast<uint32_t>(__ldg(row.allowed + (i >> 5))) >> (i & 31);
+    if (row.allowed != nullptr && i < end)
+      return static_cast<uint32_t>(__ldg(row.allowed + (i >> 5))) >> (i & 31);
+  }
+  return 0xFu;
+}
+
+template <bool kMasked>
+__device__ __forceinline__ void apply_mask(uint32_t bits, float out[4]) {
+  if constexpr (kMasked) {
 #pragma unroll
     for (int q = 0; q < 4; ++q)
       if (!((bits >> q) & 1u)) out[q] = kNegInf;
   }
+}
+
+// load4 then the bitmask, for a loop that reads one group at a time.
+template <typename T, bool kMasked>
+__device__ __forceinline__ void load4_masked(const LogitsRow<T, kMasked>& row, int32_t i, int32_t end,
+                                             float out[4]) {
+  const uint32_t bits = mask_bits(row, i, end);
+  load4(row, i, end, out);
+  apply_mask<kMasked>(bits, out);
 }
 
 }  // namespace tokensampler::cuda

@@ -331,16 +331,18 @@ __device__ __forceinline__ float process_group(float (&x)[4], int32_t i, int32_t
 }
 
 // This thread's kLoadsInFlight groups of a round (group u at round + 4 (u kChunkThreads +
-// thread), -inf past `end`), every load issued before the grammar bitmask is applied to any.
+// thread), -inf past `end`), every load (bitmask words first) issued before any is used.
 template <typename T, bool kMasked>
 __device__ __forceinline__ void load_round(const LogitsRow<T, kMasked>& row, int32_t round,
                                            int32_t end, float (&l)[kLoadsInFlight][4]) {
+  const int32_t first = round + 4 * static_cast<int32_t>(threadIdx.x);
+  uint32_t bits[kLoadsInFlight];
 #pragma unroll
-  for (int u = 0; u < kLoadsInFlight; ++u)
-    load4(row, round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)), end, l[u]);
+  for (int u = 0; u < kLoadsInFlight; ++u) bits[u] = mask_bits(row, first + 4 * u * kChunkThreads, end);
 #pragma unroll
-  for (int u = 0; u < kLoadsInFlight; ++u)
-    mask4(row, round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)), end, l[u]);
+  for (int u = 0; u < kLoadsInFlight; ++u) load4(row, first + 4 * u * kChunkThreads, end, l[u]);
+#pragma unroll
+  for (int u = 0; u < kLoadsInFlight; ++u) apply_mask<kMasked>(bits[u], l[u]);
 }
 
 // The best score z + G any thread of a block has reached so far, in shared memory: the bar of
@@ -596,8 +598,7 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
     constexpr bool kShareBest = !kFused;
     for (int32_t i = begin + 4 * static_cast<int32_t>(threadIdx.x); i < end; i += 4 * kChunkThreads) {
       float x[4];
-      load4(row, i, end, x);
-      mask4(row, i, end, x);
+      load4_masked(row, i, end, x);
       const float x_max4 =
           process_group(x, i, begin, end, a, bitmap, pen, inf_count, raw_m, raw_s, nullptr);
       argmax.z = fmaxf(argmax.z, x_max4);
