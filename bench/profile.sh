@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Profiles the sampling kernels of several shapes on the device in one process: ncu hardware
 # counters where ncu works, else a torch.profiler (Kineto) trace. An NVTX range names each step.
-#   bench/profile.sh [route:bs[:dtype] ...]      (default: top_k_top_p:128:fp32)
-# e.g. bench/profile.sh no_filter:1 no_filter:128 top_p:128:bf16
+#   bench/profile.sh [route:bs[:dtype[:mask]] ...]      (default: top_k_top_p:128:fp32)
+# e.g. bench/profile.sh no_filter:1 no_filter:128 top_p:128:bf16 top_k_top_p:128:fp32:half
+# (mask: a grammar bitmask of bitmask_bench.py's densities, half or json, given to the step)
 # Output: appended to $OUT/profiles.txt (one file however many shapes; the device tool brings
 # back at most 8 files) and a per-kernel summary table on stdout.
 #   PROFILE_DETAIL=1: ncu sections (occupancy, warp stalls, instruction counts, hot source lines)
@@ -16,13 +17,16 @@ cat > /tmp/ts_profile_steps.py <<'PY'
 import sys, torch
 sys.path.insert(0, "bench")
 import benchmark as b
+import bitmask_bench as bm
 mode, shapes = sys.argv[1], sys.argv[2:]
 steps = []
 for shape in shapes:
     route_name, bs, *rest = shape.split(":")
     route, bs = b.ROUTES[route_name], int(bs)
     dtype = dict(fp32=torch.float32, bf16=torch.bfloat16)[rest[0] if rest else "fp32"]
-    step = b.ours_step(route, bs)
+    mask = (bm.random_bitmask(bs * route.tokens_per_req, b.VOCAB, bm.DENSITIES[rest[1]], "cuda")
+            if len(rest) > 1 else None)
+    step = b.ours_step(route, bs, token_bitmask=mask)
     x = b.logits_buffers(bs * route.tokens_per_req, dtype)[0]
     for _ in range(3):  # warm-up outside the ranges ncu profiles
         step(x)
