@@ -60,13 +60,32 @@ __device__ __forceinline__ void load4(const LogitsRow<T, kMasked>& row, int32_t 
 // bitmask words) before its first use of one: mask_bits loads their allowed bits (all ones
 // without a bitmask or past `end`), apply_mask sets disallowed ones to -inf. i is a multiple of 4
 // (chunks start at multiples of 4), so the four bits share one bitmask word. Nothing unmasked.
+// `allowed` may point into shared memory (a chunk kernel's staged words): a generic load.
 template <typename T, bool kMasked>
 __device__ __forceinline__ uint32_t mask_bits(const LogitsRow<T, kMasked>& row, int32_t i, int32_t end) {
   if constexpr (kMasked) {
-    if (row.allowed != nullptr && i < end)
-      return static_cast<uint32_t>(__ldg(row.allowed + (i >> 5))) >> (i & 31);
+    if (row.allowed != nullptr && i < end) return static_cast<uint32_t>(row.allowed[i >> 5]) >> (i & 31);
   }
   return 0xFu;
+}
+
+// Words of a chunk's bitmask [begin, end) staged in shared memory (kMasked): one coalesced read
+// at the start, so the per-group lookups of the loops are shared-memory loads, not a global
+// round trip each (ncu run 36: the masked chunk kernel's top stall). Returns the row reading
+// them; needs a barrier before use. `stage` holds staged_mask_words(chunk length) words.
+__host__ __device__ constexpr int32_t staged_mask_words(int32_t chunk_len) { return chunk_len / 32 + 2; }
+
+template <typename T, bool kMasked>
+__device__ __forceinline__ LogitsRow<T, kMasked> stage_mask(LogitsRow<T, kMasked> row, int32_t begin,
+                                                            int32_t end, int32_t* stage, int threads) {
+  if constexpr (kMasked) {
+    if (row.allowed == nullptr) return row;
+    const int32_t first = begin >> 5, last = (end - 1) >> 5;
+    for (int32_t w = first + static_cast<int32_t>(threadIdx.x); w <= last; w += threads)
+      stage[w - first] = __ldg(row.allowed + w);
+    row.allowed = stage - first;
+  }
+  return row;
 }
 
 template <bool kMasked>

@@ -543,7 +543,8 @@ __device__ __forceinline__ void finish_row(const T* __restrict__ logits, const A
 // without one the loops carry no bitmask code (they run at the 64-register cap).
 template <typename T, bool kFused, bool kMasked>
 __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __restrict__ logits, Args a) {
-  // Dynamic shared memory: [penalty bitmap, if penalties][candidate buffer, if top-k rows].
+  // Dynamic shared memory: [penalty bitmap, if penalties][candidate buffer, if top-k rows]
+  // [the chunk's bitmask words, if kMasked].
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   __shared__ Candidate scratch[kChunkThreads / 32];
   __shared__ Partial partials[kChunkThreads / 32];
@@ -566,11 +567,13 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
       write_unreadable_row(r, a.out_tokens, a.out_invalid, a.out_logprobs, nullptr, nullptr, 0);
     return;  // the whole block; this row's ticket is never taken
   }
-  const LogitsRow<T, kMasked> row = a.row_of<kMasked>(logits, r);
   const bool top_k_rows = !p.greedy && p.top_k_on && a.k_cap > 0;
   const int32_t k = min(p.top_k, a.k_cap);
   uint32_t* bitmap = reinterpret_cast<uint32_t*>(dyn_smem);
   Candidate* buf = reinterpret_cast<Candidate*>(dyn_smem + (a.penalties ? kPenaltyBitmapWords * 4 : 0));
+  int32_t* mask_stage = reinterpret_cast<int32_t*>(buf + (a.k_cap > 0 ? kBufferCap : 0));
+  const LogitsRow<T, kMasked> row = stage_mask(a.row_of<kMasked>(logits, r), begin, end, mask_stage,
+                                               kChunkThreads);  // read after the barrier below
   const PenaltySource pen = a.penalties ? penalty_source(a, p, r) : PenaltySource{};
   const float inv_t = 1.0f / p.temperature;  // estimates only; exact z = x / T where it counts
   if (a.penalties) mark_penalized_tokens<kChunkThreads>(pen, begin, end, bitmap);
