@@ -211,6 +211,7 @@ struct Args {
   int32_t splits;
   int32_t chunk_len;
   int32_t k_cap;
+  bool stage_bitmask;  // chunk kernel of a masked step: bitmask words staged in shared memory
   const int32_t* req_pool_indices;
   const int32_t* valid_cache_lengths;
   const int32_t* table;
@@ -572,8 +573,9 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
   uint32_t* bitmap = reinterpret_cast<uint32_t*>(dyn_smem);
   Candidate* buf = reinterpret_cast<Candidate*>(dyn_smem + (a.penalties ? kPenaltyBitmapWords * 4 : 0));
   int32_t* mask_stage = reinterpret_cast<int32_t*>(buf + (a.k_cap > 0 ? kBufferCap : 0));
-  const LogitsRow<T, kMasked> row = stage_mask(a.row_of<kMasked>(logits, r), begin, end, mask_stage,
-                                               kChunkThreads);  // read after the barrier below
+  LogitsRow<T, kMasked> row = a.row_of<kMasked>(logits, r);
+  // Staged words are read only after the barrier below.
+  if (a.stage_bitmask) row = stage_mask(row, begin, end, mask_stage, kChunkThreads);
   const PenaltySource pen = a.penalties ? penalty_source(a, p, r) : PenaltySource{};
   const float inv_t = 1.0f / p.temperature;  // estimates only; exact z = x / T where it counts
   if (a.penalties) mark_penalized_tokens<kChunkThreads>(pen, begin, end, bitmap);

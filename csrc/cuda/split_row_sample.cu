@@ -50,26 +50,26 @@ bool try_sample(const SampleRowsCall& c) {
       storage, fused ? &a.tickets : nullptr);
   a.results = reinterpret_cast<ChunkResult*>(sections[0]);
   a.chunk_candidates = reinterpret_cast<Candidate*>(sections[1]);
-  // Masked steps also stage each chunk's bitmask words; past 48 KiB (top-k rows with chunks of
-  // more than ~10^4 tokens and penalties, or ~10^5 without) the kernel gets the opt-in attribute.
+  // Masked steps also stage each chunk's bitmask words in shared memory where that stays under
+  // 48 KiB (no opt-in attribute; chunks of up to ~10^5 tokens, ~2.5 * 10^4 for top-k rows with
+  // penalties); larger chunks read the words from global memory.
+  static_assert(kPenaltyBitmapWords * sizeof(uint32_t) + kBufferCap * sizeof(Candidate) <= 48 * 1024);
   const bool masked = a.token_bitmask.words != nullptr;  // kMasked: unmasked steps skip its code
-  const size_t chunk_smem = (c.apply_penalties ? kPenaltyBitmapWords * sizeof(uint32_t) : 0) +
-                            (top_k_family ? kBufferCap * sizeof(Candidate) : 0) +
-                            (masked ? staged_mask_words(a.chunk_len) * sizeof(int32_t) : 0);
+  size_t chunk_smem = (c.apply_penalties ? kPenaltyBitmapWords * sizeof(uint32_t) : 0) +
+                      (top_k_family ? kBufferCap * sizeof(Candidate) : 0);
+  const size_t stage_bytes = staged_mask_words(a.chunk_len) * sizeof(int32_t);
+  a.stage_bitmask = masked && chunk_smem + stage_bytes <= 48 * 1024;
+  if (a.stage_bitmask) chunk_smem += stage_bytes;
   const bool pdl = use_pdl();
   auto run = [&](auto tag) {
     using T = decltype(tag);
     const T* x = c.logits.data_ptr<T>();
-    auto chunk = [&](auto kernel) {
-      if (chunk_smem > 48 * 1024)
-        C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(chunk_smem)));
-      launch(kernel, rows * a.splits, kChunkThreads, chunk_smem, pdl, x, a);
-    };
     if (fused) {
-      chunk(masked ? chunk_kernel<T, true, true> : chunk_kernel<T, true, false>);
+      launch(masked ? chunk_kernel<T, true, true> : chunk_kernel<T, true, false>, rows * a.splits,
+             kChunkThreads, chunk_smem, pdl, x, a);
     } else {
-      chunk(masked ? chunk_kernel<T, false, true> : chunk_kernel<T, false, false>);
+      launch(masked ? chunk_kernel<T, false, true> : chunk_kernel<T, false, false>,
+             rows * a.splits, kChunkThreads, chunk_smem, pdl, x, a);
       launch(finish_kernel<T>, rows, kFinishThreads, 0, pdl, x, a);
     }
   };
