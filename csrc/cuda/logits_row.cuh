@@ -32,7 +32,7 @@ __device__ __forceinline__ LogitsRow<T, kMasked> logits_row(const T* logits, int
 }
 
 // Tokens i .. i+3 (-inf past `end`) in one 16-byte (fp32) or 8-byte (fp16 / bf16) streaming
-// load where aligned; NaN left for the caller's sanitising, the bitmask for mask4.
+// load where aligned; NaN left for the caller's sanitising, the bitmask for mask_bits / apply_mask.
 template <typename T, bool kMasked>
 __device__ __forceinline__ void load4(const LogitsRow<T, kMasked>& row, int32_t i, int32_t end,
                                       float out[4]) {
@@ -69,12 +69,13 @@ __device__ __forceinline__ uint32_t mask_bits(const LogitsRow<T, kMasked>& row, 
   return 0xFu;
 }
 
+// Bitmask words that tokens [begin, begin + chunk_len) can touch, whatever begin's alignment.
+__host__ __device__ constexpr int32_t staged_mask_words(int32_t chunk_len) { return chunk_len / 32 + 2; }
+
 // Words of a chunk's bitmask [begin, end) staged in shared memory (kMasked): one coalesced read
 // at the start, so the per-group lookups of the loops are shared-memory loads, not a global
 // round trip each (ncu run 36: the masked chunk kernel's top stall). Returns the row reading
-// them; needs a barrier before use. `stage` holds staged_mask_words(chunk length) words.
-__host__ __device__ constexpr int32_t staged_mask_words(int32_t chunk_len) { return chunk_len / 32 + 2; }
-
+// them; needs a barrier before use. `stage` holds staged_mask_words(end - begin) words.
 template <typename T, bool kMasked>
 __device__ __forceinline__ LogitsRow<T, kMasked> stage_mask(LogitsRow<T, kMasked> row, int32_t begin,
                                                             int32_t end, int32_t* stage, int threads) {
