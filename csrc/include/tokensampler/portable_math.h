@@ -31,10 +31,10 @@ TS_HD float portable_log(float x) {
   return f_fma(static_cast<float>(e), 0.693147180559945f, log_m);
 }
 
-// e^d for d <= 0 (d = z - z_max, the top-p masses of row_rules.h), 0 below -86 (no subnormals). d = k ln 2 + r
-// with |r| <= ln 2 / 2 (k by round-half-up of -d log2 e, ln 2 split in two for an exact
-// reduction), e^r by its Taylor series to r^7 (relative error < 2e-8, under the rounding of
-// the result), scaled by 2^k through the exponent bits.
+// e^d for d <= 0 (d = z - z_max, the top-p masses of row_rules.h), 0 below -86 (no
+// subnormals). d = k ln 2 + r with |r| <= ln 2 / 2 (k by round-half-up of -d log2 e, ln 2 split
+// in two for an exact reduction), e^r by its Taylor series to r^7 (relative error < 2e-8, under
+// the rounding of the result), scaled by 2^k through the exponent bits.
 TS_HD float portable_exp(float d) {
   if (!(d > -86.0f)) return 0.0f;
   const int k = -static_cast<int>(f_add(f_mul(-d, 1.44269504f), 0.5f));
