@@ -305,28 +305,37 @@ inline __device__ __noinline__ float gumbel_score(float x, float temperature, ui
   return f_add(scaled_logit(x, temperature), gumbel_from_word(word));
 }
 
-// The per-group work every row kind shares: sanitises four logits (-inf past `end`), counts
-// +inf (penalties keep +-inf, so raw and processed agree), folds the raw (max, sum-exp)
-// partials when wanted, and applies penalties / bias to the marked tokens. Returns the group's
-// largest processed logit; greedy rows (argmax != nullptr) also track the argmax.
+// The per-group work every row kind shares: sanitises four logits (the loads already put -inf
+// past `end`), counts +inf (penalties keep +-inf, so raw and processed agree), folds the raw
+// (max, sum-exp) partials when wanted, and applies penalties / bias to the marked tokens.
+// Returns the group's largest processed logit; greedy rows (argmax != nullptr) also track the
+// argmax. The common group (finite logits, no penalties) costs a few min/max: fmaxf drops NaN,
+// and NaN / +inf are found with one sum (NaN when any is NaN, or +inf beside -inf).
 __device__ __forceinline__ float process_group(float (&x)[4], int32_t i, int32_t begin,
                                                int32_t end, const Args& a,
                                                const uint32_t* bitmap, const PenaltySource& pen,
                                                int32_t& inf_count, float& raw_m, float& raw_s,
                                                Candidate* argmax) {
+  float x_max4 = fmaxf(fmaxf(kNegInf, fmaxf(x[0], x[1])), fmaxf(x[2], x[3]));
+  const float sum = (x[0] + x[1]) + (x[2] + x[3]);
+  if (sum != sum) {
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    x[q] = i + q < end ? sanitize_logit(x[q]) : kNegInf;
-    if (x[q] == INFINITY) ++inf_count;
+    for (int q = 0; q < 4; ++q) x[q] = sanitize_logit(x[q]);
+  }
+  if (x_max4 == INFINITY) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) inf_count += x[q] == INFINITY;
   }
   if (a.want_raw) fold_raw_group(make_float4(x[0], x[1], x[2], x[3]), raw_m, raw_s);
   const uint32_t marked = a.penalties && i < end ? penalty_nibble(bitmap, i, begin) : 0u;
-  float x_max4 = kNegInf;
+  if (marked != 0u || argmax != nullptr) {
+    x_max4 = kNegInf;
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    if ((marked >> q) & 1u) x[q] = penalize_token(pen, i + q, x[q]);
-    if (argmax != nullptr && i + q < end) *argmax = best_of(*argmax, Candidate{x[q], i + q});
-    x_max4 = fmaxf(x_max4, x[q]);
+    for (int q = 0; q < 4; ++q) {
+      if ((marked >> q) & 1u) x[q] = penalize_token(pen, i + q, x[q]);
+      if (argmax != nullptr && i + q < end) *argmax = best_of(*argmax, Candidate{x[q], i + q});
+      x_max4 = fmaxf(x_max4, x[q]);
+    }
   }
   return x_max4;
 }
@@ -601,29 +610,39 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
     // thread would raise the shared bar at once and none would read it later (run 31: bs 1
     // 10.2 -> 13.1 us with it).
     constexpr bool kShareBest = !kFused;
-    for (int32_t i = begin + 4 * static_cast<int32_t>(threadIdx.x); i < end; i += 4 * kChunkThreads) {
-      float x[4];
-      load4_masked(row, i, end, x);
-      const float x_max4 =
-          process_group(x, i, begin, end, a, bitmap, pen, inf_count, raw_m, raw_s, nullptr);
-      argmax.z = fmaxf(argmax.z, x_max4);
-      if (x_max4 == kNegInf) continue;
-      const float bar = kShareBest ? fmaxf(best.z, best_seen.get()) : best.z;
-      const float z_max4 = x_max4 * inv_t;  // G <= 16.64; the margins cover the rounding
-      if (x_max4 != INFINITY && z_max4 + 16.7f + 1e-5f * fabsf(z_max4) < bar) continue;
-      const Philox4 w = random_words(p.seed, p.position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
+    for (int32_t round = begin; round < end; round += kRoundTokens) {
+      float l[kLoadsInFlight][4];
+      load_round(row, round, end, l);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        if (x[q] == kNegInf) continue;
-        if (x[q] == INFINITY) {
-          inf_best = best_of(inf_best, Candidate{gumbel_of_word(w.v[q]), i + q});
-          continue;
+      for (int u = 0; u < kLoadsInFlight; ++u) {
+        float(&x)[4] = l[u];
+        const int32_t i = round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x));
+        const float x_max4 =
+            process_group(x, i, begin, end, a, bitmap, pen, inf_count, raw_m, raw_s, nullptr);
+        argmax.z = fmaxf(argmax.z, x_max4);
+        if (x_max4 == kNegInf) continue;
+        const float bar = kShareBest ? fmaxf(best.z, best_seen.get()) : best.z;
+        const float z_max4 = x_max4 * inv_t;  // G <= 16.64; the margins cover the rounding
+        const float margin = 1e-5f * fabsf(z_max4);
+        if (x_max4 != INFINITY && z_max4 + 16.7f + margin < bar) continue;
+        const Philox4 w = random_words(p.seed, p.position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
+        // One bound for the group first: gumbel_upper_bound grows with the word, and no token's
+        // z exceeds the group's largest.
+        const uint32_t w_max = max(max(w.v[0], w.v[1]), max(w.v[2], w.v[3]));
+        if (x_max4 != INFINITY && z_max4 + gumbel_upper_bound(w_max) + margin < bar) continue;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          if (x[q] == kNegInf) continue;
+          if (x[q] == INFINITY) {
+            inf_best = best_of(inf_best, Candidate{gumbel_of_word(w.v[q]), i + q});
+            continue;
+          }
+          const float z_est = x[q] * inv_t;
+          if (z_est + gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) >= (kShareBest ? bar : best.z))
+            best = best_of(best, Candidate{gumbel_score(x[q], p.temperature, w.v[q]), i + q});
         }
-        const float z_est = x[q] * inv_t;
-        if (z_est + gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) >= (kShareBest ? bar : best.z))
-          best = best_of(best, Candidate{gumbel_score(x[q], p.temperature, w.v[q]), i + q});
+        if (kShareBest && best.z > bar) best_seen.raise(best.z);  // above the block's best: share it
       }
-      if (kShareBest && best.z > bar) best_seen.raise(best.z);  // above the block's best: share it
     }
   }
   // Greedy and top-k rows, kLoadsInFlight loads per thread per round.
