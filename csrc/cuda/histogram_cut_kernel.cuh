@@ -364,9 +364,12 @@ __global__ void __launch_bounds__(kChunkThreads) select_kernel(const T* __restri
       }
       if (best.z > bar) best_seen.raise(best.z);  // above the block's best: share it
     }
+    // Listed tokens are few (one bin, or the top-k set): one vote skips the four appends.
+    if (__any_sync(0xffffffffu, listed[0] || listed[1] || listed[2] || listed[3])) {
 #pragma unroll
-    for (int q = 0; q < 4; ++q)  // past kCutCap: counted, not stored (the row's fallback)
-      split_row::append_candidate<kCutCap>(listed[q], Candidate{z[q], i + q}, list, &a.cut_count[c.r]);
+      for (int q = 0; q < 4; ++q)  // past kCutCap: counted, not stored (the row's fallback)
+        split_row::append_candidate<kCutCap>(listed[q], Candidate{z[q], i + q}, list, &a.cut_count[c.r]);
+    }
   });
   best = split_row::block_best<kChunkThreads>(best, scratch);
   if (threadIdx.x == 0) a.results[blockIdx.x].best = best;

@@ -637,8 +637,8 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
             inf_best = best_of(inf_best, Candidate{gumbel_of_word(w.v[q]), i + q});
             continue;
           }
-          const float z_est = x[q] * inv_t;
-          if (z_est + gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) >= (kShareBest ? bar : best.z))
+          const float z_est = x[q] * inv_t;  // against the best so far, this group's included
+          if (z_est + gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) >= fmaxf(bar, best.z))
             best = best_of(best, Candidate{gumbel_score(x[q], p.temperature, w.v[q]), i + q});
         }
         if (kShareBest && best.z > bar) best_seen.raise(best.z);  // above the block's best: share it
