@@ -275,8 +275,11 @@ __device__ __forceinline__ PenaltySource penalty_source(const Args& a, const Row
 
 // The k-th largest of the threads' values (a lower bound of the k-th largest z of the round:
 // at least k values reach it), to 16 key bits; -inf when fewer than k threads have a value.
+// That case is counted first (one barrier, not the bisection's 16): sparse rows, e.g. a
+// grammar's bitmask allowing 1 % of the vocabulary, keep it for many rounds.
 template <int kThreads>
 __device__ __forceinline__ float kth_thread_max(float v, int k) {
+  if (__syncthreads_count(v != kNegInf) < k) return kNegInf;
   const uint32_t cut = kth_key_lower_bound<kThreads>(v == kNegInf ? 0u : rank_key(v), k);
   return cut == 0 ? kNegInf : key_to_z(cut);
 }
