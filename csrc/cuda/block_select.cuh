@@ -9,21 +9,11 @@
 
 #include <cuda_runtime.h>
 
+#include "device_primitives.cuh"
 #include "tokensampler/platform.h"
 #include "tokensampler/row_rules.h"
 
 namespace tokensampler::cuda::split_row {
-
-constexpr int32_t kNoId = 0x7FFFFFFF;
-
-struct Candidate {
-  float z;
-  int32_t id;
-};
-
-__device__ __forceinline__ bool before(const Candidate& a, const Candidate& b) {
-  return ranks_before(a.z, a.id, b.z, b.id);
-}
 
 // Order-preserving key of z: a larger key ranks earlier; -0 and +0 share a key; 0 is below every
 // real z (the key of -inf is 0x007FFFFF) and marks an empty slot.

@@ -24,17 +24,16 @@
 // bitmask code for a step without.
 #pragma once
 
+#include "device_primitives.cuh"
 #include "mass_scan.cuh"
 #include "sample_kernel.cuh"
 #include "split_row_kernel.cuh"
 
 namespace tokensampler::cuda::histogram_cut {
 
-using split_row::Candidate;
 using split_row::ChunkResult;
 using split_row::kChunkThreads;
 using split_row::kLoadsInFlight;
-using split_row::kNoId;
 using split_row::kRoundTokens;
 using split_row::RowParams;
 
@@ -86,12 +85,12 @@ __device__ RowStats merge_stats(const Args& a, int64_t r, Candidate* scratch, in
   int32_t inf_count = 0;
   for (int j = threadIdx.x; j < a.splits; j += kThreads) {
     const ChunkResult& c = a.results[r * a.splits + j];
-    argmax = split_row::best_of(argmax, c.argmax);
+    argmax = best_of(argmax, c.argmax);
     inf_count += c.inf_count;
   }
   int parity = 0;
   RowStats s;
-  s.argmax = split_row::block_best<kThreads>(argmax, scratch);
+  s.argmax = block_best<kThreads>(argmax, scratch);
   s.inf_count = split_row::block_count<kThreads>(inf_count, red, parity);
   return s;
 }
@@ -212,8 +211,8 @@ __global__ void __launch_bounds__(kChunkThreads) stats_kernel(const T* __restric
   for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
     split_row::process_group(x, i, c.begin, c.end, a, bitmap, pen, inf_count, raw_m, raw_s, &argmax);
   });
-  argmax = split_row::block_best<kChunkThreads>(argmax, scratch);
-  split_row::warp_merge_lse(raw_m, raw_s);
+  argmax = block_best<kChunkThreads>(argmax, scratch);
+  warp_merge_lse(raw_m, raw_s);
   inf_count = __reduce_add_sync(0xffffffffu, inf_count);
   const int w = threadIdx.x >> 5;
   if ((threadIdx.x & 31) == 0) {
@@ -226,7 +225,7 @@ __global__ void __launch_bounds__(kChunkThreads) stats_kernel(const T* __restric
     float m = kNegInf, s = 0.0f;
     int32_t n = 0;
     for (int j = 0; j < kChunkThreads / 32; ++j) {
-      split_row::merge_lse(m, s, red_m[j], red_s[j]);
+      merge_lse(m, s, red_m[j], red_s[j]);
       n += red_n[j];
     }
     ChunkResult& out = a.results[blockIdx.x];
@@ -360,7 +359,7 @@ __global__ void __launch_bounds__(kChunkThreads) select_kernel(const T* __restri
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         if (!sure[q] || z[q] + split_row::gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z[q]) < bar) continue;
-        best = split_row::best_of(best, Candidate{f_add(z[q], split_row::gumbel_of_word(w.v[q])), i + q});
+        best = best_of(best, Candidate{f_add(z[q], split_row::gumbel_of_word(w.v[q])), i + q});
       }
       if (best.z > bar) best_seen.raise(best.z);  // above the block's best: share it
     }
@@ -371,7 +370,7 @@ __global__ void __launch_bounds__(kChunkThreads) select_kernel(const T* __restri
         split_row::append_candidate<kCutCap>(listed[q], Candidate{z[q], i + q}, list, &a.cut_count[c.r]);
     }
   });
-  best = split_row::block_best<kChunkThreads>(best, scratch);
+  best = block_best<kChunkThreads>(best, scratch);
   if (threadIdx.x == 0) a.results[blockIdx.x].best = best;
 }
 
@@ -422,7 +421,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
   int kind = kind_of(p, argmax.z, inf_count);
   if (kind == kNoCut || kind == kMassCut || kind == kCountCut) {
     if (threadIdx.x < a.splits) best = a.results[r * a.splits + threadIdx.x].best;
-    best = split_row::block_best<kFinishThreads>(best, sm.scratch);
+    best = block_best<kFinishThreads>(best, sm.scratch);
   }
   const int32_t listed = kind == kMassCut || kind == kCountCut ? a.cut_count[r] : 0;
   if (listed > kCutCap) kind = kFallback;
@@ -453,9 +452,9 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
       for (int e = threadIdx.x; e < keep; e += kFinishThreads) {
         const Candidate t = sm.list[e];
         if (t.z < tau) continue;
-        best = split_row::best_of(best, Candidate{f_add(t.z, gumbel_noise(p.seed, p.position, t.id, kStreamGumbel)), t.id});
+        best = best_of(best, Candidate{f_add(t.z, gumbel_noise(p.seed, p.position, t.id, kStreamGumbel)), t.id});
       }
-      token = split_row::block_best<kFinishThreads>(best, sm.scratch).id;
+      token = block_best<kFinishThreads>(best, sm.scratch).id;
     } else {
       const int m = min(listed, p.top_k);
       auto* scan = reinterpret_cast<unsigned long long*>(sm.list + kCountCutMaxK);
@@ -463,7 +462,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
           sm.list, m, p, z_max, scan, &sm.keep_count, sm.scratch);
     }
   }
-  if (a.want_raw) split_row::block_merge_lse<kFinishThreads>(raw_m, raw_s, sm.red_m, sm.red_s);
+  if (a.want_raw) block_merge_lse<kFinishThreads>(raw_m, raw_s, sm.red_m, sm.red_s);
   if (threadIdx.x == 0) {
     a.out_tokens[r] = token;
     a.out_invalid[r] = kind == kInvalid;

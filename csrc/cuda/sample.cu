@@ -86,19 +86,19 @@ __global__ void __launch_bounds__(kSampleThreads)
   }
   if (a.top_n > 0) {
     // The N largest raw values in rank order, one block argmax per rank.
-    Best prev{0.0f, -1};
+    Candidate prev{0.0f, -1};
     for (int32_t n = 0; n < a.top_n; ++n) {
-      Best best{kNegInf, kNoId};
+      Candidate best{kNegInf, kNoId};
       for (int32_t i = threadIdx.x; i < a.vocab; i += kSampleThreads) {
         const float v = x.raw(i);
-        if (prev.i >= 0 && !ranks_before(prev.v, prev.i, v, i)) continue;
-        best = better(best, Best{v, i});
+        if (prev.id >= 0 && !ranks_before(prev.z, prev.id, v, i)) continue;
+        best = best_of(best, Candidate{v, i});
       }
       best = block_best(best, sm);
-      if (best.i >= a.vocab) best.i = 0;
+      if (best.id >= a.vocab) best.id = 0;
       if (threadIdx.x == 0) {
-        a.out_top_ids[r * a.top_n + n] = best.i;
-        a.out_top_values[r * a.top_n + n] = raw_logprob_of(p, best.v);
+        a.out_top_ids[r * a.top_n + n] = best.id;
+        a.out_top_values[r * a.top_n + n] = raw_logprob_of(p, best.z);
       }
       prev = best;
     }

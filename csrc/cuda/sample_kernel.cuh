@@ -16,6 +16,7 @@
 
 #include <cub/block/block_scan.cuh>
 
+#include "device_primitives.cuh"
 #include "logits_row.cuh"
 #include "mass_scan.cuh"
 #include "penalty_lookup.cuh"
@@ -29,7 +30,6 @@ namespace tokensampler::cuda {
 constexpr int kSampleThreads = 1024;
 constexpr int kSampleWarps = kSampleThreads / 32;
 constexpr int kBins = 2048;
-constexpr int32_t kNoId = 0x7FFFFFFF;
 constexpr uint32_t kAllKey = 0xFFFFFFFFu;
 
 enum RowKind : int { kRowInvalid = 0, kRowGreedy = 1, kRowInf = 2, kRowFilter = 3 };
@@ -52,32 +52,18 @@ struct SampleSmem {
   unsigned long long sel_mgt;
 };
 
-struct Best {
-  float v;
-  int32_t i;
-};
-
-__device__ __forceinline__ Best better(Best a, Best b) {
-  return ranks_before(b.v, b.i, a.v, a.i) ? b : a;
-}
-
 // ---- block reductions (every thread gets the result) ----
-__device__ __forceinline__ Best block_best(Best b, SampleSmem& sm) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
-    b = better(b, Best{__shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.i, o)});
+// Block-wide best over the sample kernel's 32 warps, through its shared reduction arrays.
+__device__ __forceinline__ Candidate block_best(Candidate c, SampleSmem& sm) {
+  c = warp_best(c);
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __syncthreads();
   if (lane == 0) {
-    sm.red_f[w] = b.v;
-    sm.red_i[w] = b.i;
+    sm.red_f[w] = c.z;
+    sm.red_i[w] = c.id;
   }
   __syncthreads();
-  Best r{sm.red_f[lane], sm.red_i[lane]};
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
-    r = better(r, Best{__shfl_xor_sync(0xffffffffu, r.v, o), __shfl_xor_sync(0xffffffffu, r.i, o)});
-  return r;
+  return warp_best(Candidate{sm.red_f[lane], sm.red_i[lane]});
 }
 
 // Block-wide sum; `red` holds one value per warp (sm.red_i, sm.red_d or sm.red_u).
@@ -95,34 +81,10 @@ __device__ __forceinline__ V block_sum(V v, V* red) {
   return r;
 }
 
-// Online (max, sum exp(x - max)) over finite values.
-__device__ __forceinline__ void merge_ms(float& m, float& s, float m2, float s2) {
-  if (m2 == kNegInf) return;
-  if (m == kNegInf) {
-    m = m2;
-    s = s2;
-  } else if (m2 > m) {
-    s = s * expf(m - m2) + s2;
-    m = m2;
-  } else {
-    s = s + s2 * expf(m2 - m);
-  }
-}
-
-__device__ __forceinline__ void add_ms(float& m, float& s, float x) {
-  if (x == kNegInf) return;
-  if (x > m) {
-    s = (m == kNegInf ? 0.0f : s * expf(m - x)) + 1.0f;
-    m = x;
-  } else {
-    s += expf(x - m);
-  }
-}
-
+// Block-wide (max, sum-exp); every thread gets it. A butterfly over the warps' values, not
+// block_merge_lse's pass in warp order: another merge order, so the sum may differ in its last bits.
 __device__ __forceinline__ void block_ms(float& m, float& s, SampleSmem& sm) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
-    merge_ms(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  warp_merge_lse(m, s);
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __syncthreads();
   if (lane == 0) {
@@ -132,9 +94,7 @@ __device__ __forceinline__ void block_ms(float& m, float& s, SampleSmem& sm) {
   __syncthreads();
   m = sm.red_f[lane];
   s = sm.red_f2[lane];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
-    merge_ms(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  warp_merge_lse(m, s);
 }
 
 // ---- the row ----
@@ -419,7 +379,7 @@ __device__ RowPlan plan_row(const LogitsRow<T>& x, const RowInput& row, SampleSm
   p.raw_inf = 0;
 
   const bool fuse = !row.greedy && row.no_filter;
-  Best best{kNegInf, kNoId}, score_best{kNegInf, kNoId};
+  Candidate best{kNegInf, kNoId}, score_best{kNegInf, kNoId};
   int32_t n_inf = 0, raw_inf = 0;
   float rm = kNegInf, rs = 0.0f, zm = kNegInf, zs = 0.0f;
   const int32_t groups = (V + 3) >> 2;
@@ -433,10 +393,10 @@ __device__ RowPlan plan_row(const LogitsRow<T>& x, const RowInput& row, SampleSm
       const float r = x.raw(i);
       if (want_raw) {
         if (r == INFINITY) ++raw_inf;
-        else add_ms(rm, rs, r);
+        else add_to_lse(rm, rs, r);
       }
       const float l = processed_logit(row, sm, i, r);
-      best = better(best, Best{l, i});
+      best = best_of(best, Candidate{l, i});
       if (l == INFINITY) ++n_inf;
       if (fuse && l != kNegInf && l != INFINITY) {
         if (!have_words) {
@@ -444,8 +404,8 @@ __device__ RowPlan plan_row(const LogitsRow<T>& x, const RowInput& row, SampleSm
           have_words = true;
         }
         const float z = scaled_logit(l, row.temperature);
-        score_best = better(score_best, Best{f_add(z, gumbel_from_word(w.v[q])), i});
-        add_ms(zm, zs, z);
+        score_best = best_of(score_best, Candidate{f_add(z, gumbel_from_word(w.v[q])), i});
+        add_to_lse(zm, zs, z);
       }
     }
   }
@@ -458,8 +418,8 @@ __device__ RowPlan plan_row(const LogitsRow<T>& x, const RowInput& row, SampleSm
     p.raw_sum = rs;
     p.raw_inf = raw_inf;
   }
-  p.best = best.i < V ? best.i : 0;
-  if (best.v == kNegInf) {
+  p.best = best.id < V ? best.id : 0;
+  if (best.z == kNegInf) {
     p.kind = kRowInvalid;
     return p;
   }
@@ -467,7 +427,7 @@ __device__ RowPlan plan_row(const LogitsRow<T>& x, const RowInput& row, SampleSm
     p.kind = kRowGreedy;
     return p;
   }
-  if (best.v == INFINITY) {
+  if (best.z == INFINITY) {
     p.kind = kRowInf;
     const int32_t m = (row.top_k_on && n_inf > row.top_k) ? row.top_k : n_inf;
     const float mf = static_cast<float>(m);
@@ -483,12 +443,12 @@ __device__ RowPlan plan_row(const LogitsRow<T>& x, const RowInput& row, SampleSm
     return p;
   }
   p.kind = kRowFilter;
-  p.z_max = scaled_logit(best.v, row.temperature);
+  p.z_max = scaled_logit(best.z, row.temperature);
   if (fuse) {
     score_best = block_best(score_best, sm);
     block_ms(zm, zs, sm);
     p.fused = true;
-    p.fused_token = score_best.i < V ? score_best.i : 0;
+    p.fused_token = score_best.id < V ? score_best.id : 0;
     p.fused_zmax = zm;
     p.fused_zsum = zs;
     return p;
@@ -513,10 +473,10 @@ __device__ RowPlan plan_row(const LogitsRow<T>& x, const RowInput& row, SampleSm
 
 // Gumbel-max over the kept set (step 7); optionally the kept mass sum exp(z - z_max) in double.
 template <typename T>
-__device__ Best kept_sample(const LogitsRow<T>& x, const RowInput& row, const RowPlan& p, SampleSmem& sm,
+__device__ Candidate kept_sample(const LogitsRow<T>& x, const RowInput& row, const RowPlan& p, SampleSmem& sm,
                             bool want_total, double* total_out) {
   const int32_t V = row.vocab;
-  Best best{kNegInf, kNoId};
+  Candidate best{kNegInf, kNoId};
   double total = 0.0;
   const int32_t groups = (V + 3) >> 2;
   for (int32_t g = threadIdx.x; g < groups; g += kSampleThreads) {
@@ -533,13 +493,13 @@ __device__ Best kept_sample(const LogitsRow<T>& x, const RowInput& row, const Ro
         w = random_words(row.seed, row.position, static_cast<uint32_t>(g), kStreamGumbel);
         have_words = true;
       }
-      best = better(best, Best{f_add(z, gumbel_from_word(w.v[q])), i});
+      best = best_of(best, Candidate{f_add(z, gumbel_from_word(w.v[q])), i});
       if (want_total) total += exp(static_cast<double>(z) - static_cast<double>(p.z_max));
     }
   }
   best = block_best(best, sm);
   if (want_total) *total_out = block_sum(total, sm.red_d);
-  if (best.i >= V) best.i = 0;
+  if (best.id >= V) best.id = 0;
   return best;
 }
 
@@ -551,7 +511,7 @@ __device__ int32_t planned_token(const LogitsRow<T>& x, const RowInput& row, con
   if (p.kind == kRowGreedy) return p.best;
   if (p.kind == kRowFilter && p.fused) return p.fused_token;
   if (p.kind == kRowInvalid) return 0;
-  return kept_sample(x, row, p, sm, want_total, total).i;
+  return kept_sample(x, row, p, sm, want_total, total).id;
 }
 
 // §3.8 raw log-softmax at a token, given the row's raw stats.

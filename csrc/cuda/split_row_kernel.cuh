@@ -35,6 +35,7 @@
 #include <cuda_runtime.h>
 
 #include "block_select.cuh"
+#include "device_primitives.cuh"
 #include "logits_row.cuh"
 #include "mass_scan.cuh"
 #include "penalty_lookup.cuh"
@@ -66,29 +67,6 @@ __device__ __forceinline__ void wait_for_prior_grids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-}
-
-__device__ __forceinline__ Candidate best_of(Candidate a, Candidate b) { return before(b, a) ? b : a; }
-
-__device__ __forceinline__ Candidate warp_best(Candidate c) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    Candidate other{__shfl_xor_sync(0xffffffffu, c.z, o), __shfl_xor_sync(0xffffffffu, c.id, o)};
-    c = best_of(c, other);
-  }
-  return c;
-}
-
-// Block-wide best; every thread gets it. `scratch` holds one Candidate per warp.
-template <int kThreads>
-__device__ __forceinline__ Candidate block_best(Candidate c, Candidate* scratch) {
-  c = warp_best(c);
-  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __syncthreads();
-  if (lane == 0) scratch[w] = c;
-  __syncthreads();
-  c = lane < kThreads / 32 ? scratch[lane] : Candidate{kNegInf, kNoId};
-  return warp_best(c);
 }
 
 // The exact per-block / per-row partials every split-row kernel merges: three (value, id) maxima
@@ -123,34 +101,6 @@ __device__ __forceinline__ Partial block_partial(Partial v, Partial* scratch) {
   const Candidate hole{kNegInf, kNoId};
   v = lane < kThreads / 32 ? scratch[lane] : Partial{hole, hole, hole, 0, 0};
   return warp_partial(v);
-}
-
-// Online (max, sum exp(x - max)) of finite values.
-__device__ __forceinline__ void merge_lse(float& m, float& s, float m2, float s2) {
-  if (m2 == kNegInf) return;
-  if (m == kNegInf) { m = m2; s = s2; return; }
-  if (m2 > m) { s = s * expf(m - m2) + s2; m = m2; }
-  else s += s2 * expf(m2 - m);
-}
-
-__device__ __forceinline__ void warp_merge_lse(float& m, float& s) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
-    merge_lse(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
-}
-
-// Block-wide (max, sum-exp); every thread gets it. red_m / red_s hold one value per warp.
-template <int kThreads>
-__device__ __forceinline__ void block_merge_lse(float& m, float& s, float* red_m, float* red_s) {
-  warp_merge_lse(m, s);
-  if ((threadIdx.x & 31) == 0) {
-    red_m[threadIdx.x >> 5] = m;
-    red_s[threadIdx.x >> 5] = s;
-  }
-  __syncthreads();
-  m = kNegInf;
-  s = 0.0f;
-  for (int j = 0; j < kThreads / 32; ++j) merge_lse(m, s, red_m[j], red_s[j]);
 }
 
 // Upper bound of the Gumbel value a random word can give (exact math, see file comment):

@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(kSampleThreads)
       if (p.kind == kRowGreedy) return p.best;
       if (p.kind == kRowFilter && p.fused) return p.fused_token;
       if (p.kind == kRowInvalid) return 0;
-      return kept_sample(x, row, p, sm, false, nullptr).i;
+      return kept_sample(x, row, p, sm, false, nullptr).id;
     };
     if (threadIdx.x == 0) invalid[j] = p.kind == kRowInvalid;
     const int32_t draft = j + 1 < n ? cand[j + 1] : -1;
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     __syncthreads();
     if (decision) continue;
     // Rejected: Gumbel-max draw from normalise(max(p - q, 0)) over the kept set.
-    Best best{kNegInf, kNoId};
+    Candidate best{kNegInf, kNoId};
     for (int32_t i = threadIdx.x; i < V; i += kSampleThreads) {
       float z;
       const float l = q.kind == kRowGreedy ? 0.0f : load_processed(x, row, sm, i);
@@ -226,10 +226,10 @@ __global__ void __launch_bounds__(kSampleThreads)
       if (!(residual > 0.0)) continue;
       const float score =
           f_add(residual_log_weight(residual), gumbel_noise(row.seed, t + j, i, kStreamResidual));
-      best = better(best, Best{score, i});
+      best = best_of(best, Candidate{score, i});
     }
     best = block_best(best, sm);
-    const int32_t token = best.i < V ? best.i : target_token();
+    const int32_t token = best.id < V ? best.id : target_token();
     if (threadIdx.x == 0) predict[j] = token;
     break;
   }

@@ -1,0 +1,89 @@
+// The one set of device primitives every CUDA path uses (split_row, histogram_cut, sample,
+// verify, argmax): the (value, id) candidate and its rank order, the warp / block best of it,
+// and the online log-sum-exp merge.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "tokensampler/row_rules.h"
+
+namespace tokensampler::cuda {
+
+// The id of no token: it ranks after every real id, so an empty candidate loses every tie.
+constexpr int32_t kNoId = 0x7FFFFFFF;
+
+// A value and its token id; the rank order is ranks_before (z descending, ties to the lower id).
+struct Candidate {
+  float z;
+  int32_t id;
+};
+
+__device__ __forceinline__ bool before(const Candidate& a, const Candidate& b) {
+  return ranks_before(a.z, a.id, b.z, b.id);
+}
+
+__device__ __forceinline__ Candidate best_of(Candidate a, Candidate b) { return before(b, a) ? b : a; }
+
+__device__ __forceinline__ Candidate warp_best(Candidate c) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    Candidate other{__shfl_xor_sync(0xffffffffu, c.z, o), __shfl_xor_sync(0xffffffffu, c.id, o)};
+    c = best_of(c, other);
+  }
+  return c;
+}
+
+// Block-wide best; every thread gets it. `scratch` holds one Candidate per warp.
+template <int kThreads>
+__device__ __forceinline__ Candidate block_best(Candidate c, Candidate* scratch) {
+  c = warp_best(c);
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) scratch[w] = c;
+  __syncthreads();
+  c = lane < kThreads / 32 ? scratch[lane] : Candidate{kNegInf, kNoId};
+  return warp_best(c);
+}
+
+// Online (max, sum exp(x - max)) of finite values: merges (m2, s2) into (m, s).
+__device__ __forceinline__ void merge_lse(float& m, float& s, float m2, float s2) {
+  if (m2 == kNegInf) return;
+  if (m == kNegInf) { m = m2; s = s2; return; }
+  if (m2 > m) { s = s * expf(m - m2) + s2; m = m2; }
+  else s += s2 * expf(m2 - m);
+}
+
+// Adds one value x to (m, s). Kept apart from merge_lse(m, s, x, 1.0f), which branches in another
+// order (and treats a NaN x otherwise): the sample kernel's code stays as it was.
+__device__ __forceinline__ void add_to_lse(float& m, float& s, float x) {
+  if (x == kNegInf) return;
+  if (x > m) {
+    s = (m == kNegInf ? 0.0f : s * expf(m - x)) + 1.0f;
+    m = x;
+  } else {
+    s += expf(x - m);
+  }
+}
+
+__device__ __forceinline__ void warp_merge_lse(float& m, float& s) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    merge_lse(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+}
+
+// Block-wide (max, sum-exp); every thread gets it. red_m / red_s hold one value per warp, merged
+// in warp order by every thread.
+template <int kThreads>
+__device__ __forceinline__ void block_merge_lse(float& m, float& s, float* red_m, float* red_s) {
+  warp_merge_lse(m, s);
+  if ((threadIdx.x & 31) == 0) {
+    red_m[threadIdx.x >> 5] = m;
+    red_s[threadIdx.x >> 5] = s;
+  }
+  __syncthreads();
+  m = kNegInf;
+  s = 0.0f;
+  for (int j = 0; j < kThreads / 32; ++j) merge_lse(m, s, red_m[j], red_s[j]);
+}
+
+}  // namespace tokensampler::cuda
