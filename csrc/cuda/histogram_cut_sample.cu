@@ -18,7 +18,7 @@ bool try_sample(const SampleRowsCall& c) {
   const int64_t rows = c.logits.size(0);
   Args a{};
   static_cast<split_row::Args&>(a) = split_row::common_args(c);
-  split_row::set_chunks(a, rows, split_row::kMaxSplits, 8, kMaxChunkTokens);
+  split_row::set_chunks(a, rows, split_row::kMaxSplits, kMaxChunkTokens);
 
   // Chunk results, cut lists, histogram masses and counts, list lengths.
   static_assert(split_row::kMaxSplits * sizeof(ChunkResult) + kCutCap * sizeof(Candidate) +

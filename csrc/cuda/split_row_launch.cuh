@@ -39,16 +39,19 @@ inline Args common_args(const SampleRowsCall& c) {
   return a;
 }
 
-// Cuts each row into a.splits chunks of a.chunk_len tokens: at most blocks_per_sm blocks per SM
-// (8: two waves of the chunk kernel's 4 resident blocks; rounding up would start a third,
-// mostly empty wave: run 38's 1152 blocks at bs 128), at most max_splits, chunks of at least
-// 1024 tokens (and at most max_chunk_len, a multiple of 4) starting 16-byte aligned.
-// TOKENSAMPLER_CHUNK_BLOCKS_PER_SM overrides the default 8 (benchmarks compare one wave with two).
-inline void set_chunks(Args& a, int64_t rows, int64_t max_splits, int blocks_per_sm = 8,
+// Cuts each row into a.splits chunks of a.chunk_len tokens: at most one wave of blocks (the
+// chunk kernels' 4 resident blocks per SM; A/B on the H200, RESULTS.md run 41: one wave beat two
+// by 0-29 % at every route and batch size, fewer chunks paying their start (the first group's
+// exact scores, the buffer setup) and their reductions fewer times), at most max_splits, chunks
+// of at least 1024 tokens (and at most max_chunk_len, a multiple of 4) starting 16-byte aligned.
+// TOKENSAMPLER_CHUNK_BLOCKS_PER_SM overrides the 4 (benchmarks compare waves).
+constexpr int kChunkBlocksPerSm = 4;
+
+inline void set_chunks(Args& a, int64_t rows, int64_t max_splits,
                        int32_t max_chunk_len = INT32_MAX - 3) {
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  if (const char* v = std::getenv("TOKENSAMPLER_CHUNK_BLOCKS_PER_SM"); v != nullptr && blocks_per_sm == 8)
-    blocks_per_sm = std::max(1, std::atoi(v));
+  const char* v = std::getenv("TOKENSAMPLER_CHUNK_BLOCKS_PER_SM");
+  const int blocks_per_sm = v != nullptr ? std::max(1, std::atoi(v)) : kChunkBlocksPerSm;
   int64_t splits = std::max<int64_t>(1, blocks_per_sm * sms / rows);
   splits = std::min<int64_t>({splits, max_splits, std::max<int64_t>(1, a.vocab / 1024)});
   splits = std::max<int64_t>(splits, (a.vocab + max_chunk_len - 1) / max_chunk_len);

@@ -33,11 +33,11 @@ bool try_sample(const SampleRowsCall& c) {
     while (k_cap < max_top_k) k_cap <<= 1;
   }
   // Small steps run as one kernel (the last block of each row finishes it); rows without top-k
-  // then take up to kFusedMaxSplits chunks (one wave of 4 blocks per SM), so even one row fills
+  // then take up to kFusedMaxSplits chunks (one wave, as every step), so even one row fills
   // the GPU: 148 chunks of 1028 tokens at V 151936, bs 1 (64 before).
   const bool fused = rows <= fused_max_rows();
   if (top_k_family) set_chunks(a, rows, std::min(kMaxSplits, kMergeCap / k_cap));
-  else if (fused) set_chunks(a, rows, kFusedMaxSplits, 4);
+  else if (fused) set_chunks(a, rows, kFusedMaxSplits);
   else set_chunks(a, rows, kMaxSplits);
   a.k_cap = k_cap;
 
