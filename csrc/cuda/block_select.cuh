@@ -15,17 +15,6 @@
 
 namespace tokensampler::cuda::split_row {
 
-// Order-preserving key of z: a larger key ranks earlier; -0 and +0 share a key; 0 is below every
-// real z (the key of -inf is 0x007FFFFF) and marks an empty slot.
-__device__ __forceinline__ uint32_t rank_key(float z) {
-  const uint32_t u = float_bits(z == 0.0f ? 0.0f : z);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-__device__ __forceinline__ float key_to_z(uint32_t key) {
-  return bits_float((key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key);
-}
-
 __device__ __forceinline__ uint32_t slot_key(const Candidate& c) {
   return c.id == kNoId ? 0u : rank_key(c.z);
 }
@@ -120,16 +109,9 @@ __device__ __forceinline__ int compact_candidates(Candidate* buf, int n, Keep ke
     take[j] = e < n && keep(mine[j]);
   }
   __syncthreads();  // every read of buf before the first write
-  const int lane = threadIdx.x & 31;
 #pragma unroll 1
   for (int j = 0; j < kPerThread; ++j) {
-    const uint32_t mask = __ballot_sync(0xffffffffu, take[j]);
-    if (mask == 0) continue;
-    const int leader = __ffs(mask) - 1;
-    int32_t base = 0;
-    if (lane == leader) base = atomicAdd(counter, __popc(mask));
-    base = __shfl_sync(0xffffffffu, base, leader);
-    if (take[j]) buf[base + __popc(mask & ((1u << lane) - 1u))] = mine[j];
+    warp_append(take[j], counter, [&](int32_t at) { buf[at] = mine[j]; });
   }
   __syncthreads();
   return *counter;

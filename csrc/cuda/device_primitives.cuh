@@ -1,6 +1,6 @@
 // The one set of device primitives every CUDA path uses (split_row, histogram_cut, sample,
 // verify, argmax): the (value, id) candidate and its rank order, the warp / block best of it,
-// and the online log-sum-exp merge.
+// order-preserving keys of z, warp-aggregated appends, and the online log-sum-exp merge.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -43,6 +43,37 @@ __device__ __forceinline__ Candidate block_best(Candidate c, Candidate* scratch)
   __syncthreads();
   c = lane < kThreads / 32 ? scratch[lane] : Candidate{kNegInf, kNoId};
   return warp_best(c);
+}
+
+// Order-preserving key of z: a larger key ranks earlier; -0 and +0 share a key; 0 is below every
+// real z (the key of -inf is 0x007FFFFF) and marks an empty slot.
+__device__ __forceinline__ uint32_t rank_key(float z) {
+  const uint32_t u = float_bits(z == 0.0f ? 0.0f : z);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float key_to_z(uint32_t key) {
+  return bits_float((key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key);
+}
+
+// The same order the other way round (a smaller key ranks earlier), for radix selects that
+// count from the top.
+__device__ __forceinline__ uint32_t desc_key(float z) { return ~rank_key(z); }
+
+__device__ __forceinline__ float desc_key_to_z(uint32_t key) { return key_to_z(~key); }
+
+// Warp-aggregated append: the lanes of a warp where `take` holds get consecutive slots from
+// *counter, in lane order, with one atomic per warp, and store(slot) runs on each of them.
+// Every lane calls it.
+template <typename Store>
+__device__ __forceinline__ void warp_append(bool take, int32_t* counter, Store&& store) {
+  const uint32_t mask = __ballot_sync(0xffffffffu, take);
+  if (mask == 0) return;
+  const int lane = threadIdx.x & 31, leader = __ffs(mask) - 1;
+  int32_t base = 0;
+  if (lane == leader) base = atomicAdd(counter, __popc(mask));
+  base = __shfl_sync(0xffffffffu, base, leader);
+  if (take) store(base + __popc(mask & ((1u << lane) - 1u)));
 }
 
 // Online (max, sum exp(x - max)) of finite values: merges (m2, s2) into (m, s).

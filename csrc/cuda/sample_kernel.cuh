@@ -158,18 +158,6 @@ __device__ __forceinline__ float load_processed(const LogitsRow<T>& x, const Row
   return processed_logit(row, sm, i, x.raw(i));
 }
 
-// Order-preserving key, smaller = ranks earlier (z descending). -0 and +0 share a key.
-__device__ __forceinline__ uint32_t desc_key(float z) {
-  const uint32_t u = float_bits(z == 0.0f ? 0.0f : z);
-  const uint32_t asc = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  return ~asc;
-}
-
-__device__ __forceinline__ float key_value(uint32_t key) {
-  const uint32_t asc = ~key;
-  return bits_float((asc & 0x80000000u) ? (asc & 0x7FFFFFFFu) : ~asc);
-}
-
 struct RowPlan {
   int kind;
   int32_t best;        // argmax of the processed logits
@@ -337,7 +325,7 @@ __device__ Boundary radix_select(const LogitsRow<T>& x, const RowInput& row, flo
   // The boundary key's c_eq tokens share one z, so one mass: keep the first t (id order) of them,
   // t = the number whose mass before them (m_gt + j * mass) is below the limit (> m_gt here).
   const int32_t c_eq = sm.sel_ceq;
-  const unsigned long long mass = top_p_mass(key_value(prefix), z_max);
+  const unsigned long long mass = top_p_mass(desc_key_to_z(prefix), z_max);
   int32_t t;
   if (!mass_mode) t = count - c_gt;
   else if (mass == 0) t = c_eq;

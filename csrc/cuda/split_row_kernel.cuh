@@ -326,18 +326,9 @@ struct BlockBest {
 template <int32_t kCap = INT32_MAX>
 __device__ __forceinline__ void append_candidate(bool take, Candidate c, Candidate* buf,
                                                  int32_t* count) {
-  const uint32_t mask = __ballot_sync(0xffffffffu, take);
-  if (mask == 0) return;
-  const int lane = threadIdx.x & 31, leader = __ffs(mask) - 1;
-  int32_t base = 0;
-  if (lane == leader) base = atomicAdd(count, __popc(mask));
-  base = __shfl_sync(0xffffffffu, base, leader);
-  if constexpr (kCap == INT32_MAX) {
-    if (take) buf[base + __popc(mask & ((1u << lane) - 1u))] = c;
-  } else {
-    const int32_t at = base + __popc(mask & ((1u << lane) - 1u));
-    if (take && at < kCap) buf[at] = c;
-  }
+  warp_append(take, count, [&](int32_t at) {
+    if (kCap == INT32_MAX || at < kCap) buf[at] = c;
+  });
 }
 
 // Top-p masses (row_rules.h) of the first m candidates of buf, in rank order, kPer consecutive
