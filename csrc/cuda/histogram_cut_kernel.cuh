@@ -147,20 +147,6 @@ __device__ CutBin find_cut(const Args& a, int64_t r, bool by_mass, int32_t k, fl
   return CutBin{bin, sm.before, limit};
 }
 
-// One round of kLoadsInFlight 16-byte loads per thread (split_row::load_round), processed
-// (penalties, bias) by `f`.
-template <typename T, bool kMasked, typename F>
-__device__ __forceinline__ void for_each_round(const LogitsRow<T, kMasked>& row, int32_t begin,
-                                               int32_t end, F&& f) {
-  for (int32_t round = begin; round < end; round += kRoundTokens) {
-    float l[kLoadsInFlight][4];
-    split_row::load_round(row, round, end, l);
-#pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u)
-      f(l[u], round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)));
-  }
-}
-
 struct Chunk {
   int64_t r;
   int32_t begin, end;
@@ -208,7 +194,7 @@ __global__ void __launch_bounds__(kChunkThreads) stats_kernel(const T* __restric
   Candidate argmax{kNegInf, kNoId};
   float raw_m = kNegInf, raw_s = 0.0f;
   int32_t inf_count = 0;
-  for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
+  split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
     split_row::process_group(x, i, c.begin, c.end, a, bitmap, pen, inf_count, raw_m, raw_s, &argmax);
   });
   argmax = block_best<kChunkThreads>(argmax, scratch);
@@ -280,7 +266,7 @@ __global__ void __launch_bounds__(kChunkThreads) histogram_kernel(const T* __res
   __syncthreads();
 
   const split_row::Args quiet = without_raw(a);
-  for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
+  split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
     if (processed_group(x, i, c, quiet, bitmap, pen) == kNegInf) return;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -338,7 +324,7 @@ __global__ void __launch_bounds__(kChunkThreads) select_kernel(const T* __restri
   const split_row::Args quiet = without_raw(a);
   Candidate best{kNegInf, kNoId};
   Candidate* list = a.chunk_candidates + c.r * kCutCap;
-  for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
+  split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
     processed_group(x, i, c, quiet, bitmap, pen);
     float z[4], sure_max = kNegInf;
     bool sure[4], listed[4];

@@ -98,13 +98,4 @@ __device__ __forceinline__ void apply_mask(uint32_t bits, float out[4]) {
   }
 }
 
-// load4 then the bitmask, for a loop that reads one group at a time.
-template <typename T, bool kMasked>
-__device__ __forceinline__ void load4_masked(const LogitsRow<T, kMasked>& row, int32_t i, int32_t end,
-                                             float out[4]) {
-  const uint32_t bits = mask_bits(row, i, end);
-  load4(row, i, end, out);
-  apply_mask<kMasked>(bits, out);
-}
-
 }  // namespace tokensampler::cuda

@@ -308,6 +308,20 @@ __device__ __forceinline__ void load_round(const LogitsRow<T, kMasked>& row, int
   for (int u = 0; u < kLoadsInFlight; ++u) apply_mask<kMasked>(bits[u], l[u]);
 }
 
+// A chunk [begin, end) round by round (load_round), each group handed to f(x, i) with i its
+// first token.
+template <typename T, bool kMasked, typename F>
+__device__ __forceinline__ void for_each_round(const LogitsRow<T, kMasked>& row, int32_t begin,
+                                               int32_t end, F&& f) {
+  for (int32_t round = begin; round < end; round += kRoundTokens) {
+    float l[kLoadsInFlight][4];
+    load_round(row, round, end, l);
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u)
+      f(l[u], round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)));
+  }
+}
+
 // The best score z + G any thread of a block has reached so far, in shared memory: the bar of
 // noise pruning (a token whose score bound is below it cannot win). Exact: it only ever holds
 // scores of real tokens, so it never exceeds the block's best.
@@ -554,40 +568,33 @@ __global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __rest
     // thread would raise the shared bar at once and none would read it later (run 31: bs 1
     // 10.2 -> 13.1 us with it).
     constexpr bool kShareBest = !kFused;
-    for (int32_t round = begin; round < end; round += kRoundTokens) {
-      float l[kLoadsInFlight][4];
-      load_round(row, round, end, l);
+    for_each_round(row, begin, end, [&](float (&x)[4], int32_t i) {
+      const float x_max4 =
+          process_group(x, i, begin, end, a, bitmap, pen, inf_count, raw_m, raw_s, nullptr);
+      argmax.z = fmaxf(argmax.z, x_max4);
+      if (x_max4 == kNegInf) return;
+      const float bar = kShareBest ? fmaxf(best.z, best_seen.get()) : best.z;
+      const float z_max4 = x_max4 * inv_t;  // G <= 16.64; the margins cover the rounding
+      const float margin = 1e-5f * fabsf(z_max4);
+      if (x_max4 != INFINITY && z_max4 + 16.7f + margin < bar) return;
+      const Philox4 w = random_words(p.seed, p.position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
+      // One bound for the group first: gumbel_upper_bound grows with the word, and no token's
+      // z exceeds the group's largest.
+      const uint32_t w_max = max(max(w.v[0], w.v[1]), max(w.v[2], w.v[3]));
+      if (x_max4 != INFINITY && z_max4 + gumbel_upper_bound(w_max) + margin < bar) return;
 #pragma unroll
-      for (int u = 0; u < kLoadsInFlight; ++u) {
-        float(&x)[4] = l[u];
-        const int32_t i = round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x));
-        const float x_max4 =
-            process_group(x, i, begin, end, a, bitmap, pen, inf_count, raw_m, raw_s, nullptr);
-        argmax.z = fmaxf(argmax.z, x_max4);
-        if (x_max4 == kNegInf) continue;
-        const float bar = kShareBest ? fmaxf(best.z, best_seen.get()) : best.z;
-        const float z_max4 = x_max4 * inv_t;  // G <= 16.64; the margins cover the rounding
-        const float margin = 1e-5f * fabsf(z_max4);
-        if (x_max4 != INFINITY && z_max4 + 16.7f + margin < bar) continue;
-        const Philox4 w = random_words(p.seed, p.position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
-        // One bound for the group first: gumbel_upper_bound grows with the word, and no token's
-        // z exceeds the group's largest.
-        const uint32_t w_max = max(max(w.v[0], w.v[1]), max(w.v[2], w.v[3]));
-        if (x_max4 != INFINITY && z_max4 + gumbel_upper_bound(w_max) + margin < bar) continue;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          if (x[q] == kNegInf) continue;
-          if (x[q] == INFINITY) {
-            inf_best = best_of(inf_best, Candidate{gumbel_of_word(w.v[q]), i + q});
-            continue;
-          }
-          const float z_est = x[q] * inv_t;  // against the best so far, this group's included
-          if (z_est + gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) >= fmaxf(bar, best.z))
-            best = best_of(best, Candidate{gumbel_score(x[q], p.temperature, w.v[q]), i + q});
+      for (int q = 0; q < 4; ++q) {
+        if (x[q] == kNegInf) continue;
+        if (x[q] == INFINITY) {
+          inf_best = best_of(inf_best, Candidate{gumbel_of_word(w.v[q]), i + q});
+          continue;
         }
-        if (kShareBest && best.z > bar) best_seen.raise(best.z);  // above the block's best: share it
+        const float z_est = x[q] * inv_t;  // against the best so far, this group's included
+        if (z_est + gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) >= fmaxf(bar, best.z))
+          best = best_of(best, Candidate{gumbel_score(x[q], p.temperature, w.v[q]), i + q});
       }
-    }
+      if (kShareBest && best.z > bar) best_seen.raise(best.z);  // above the block's best: share it
+    });
   }
   // Greedy and top-k rows, kLoadsInFlight loads per thread per round.
   const int32_t rounds_end = top_k_rows || p.greedy ? end : begin;
