@@ -32,6 +32,7 @@
 namespace tokensampler::cuda::histogram_cut {
 
 using split_row::ChunkResult;
+using split_row::kChunkBlocksPerSm;
 using split_row::kChunkThreads;
 using split_row::kLoadsInFlight;
 using split_row::kRoundTokens;
@@ -71,6 +72,35 @@ __device__ __forceinline__ int kind_of(const RowParams& p, float max_logit, int3
 // order); the last bin holds everything 32 nats down or more.
 __device__ __forceinline__ int bin_of(float z, float z_max) {
   return static_cast<int>(fminf(f_sub(z_max, z) * kBinsPerNat, static_cast<float>(kBins - 1)));
+}
+
+// The smallest processed logit x (in float order) for which up(x) holds, where up is an up-set
+// of the finite and -inf logits (true at x implies true above it); NaN (every x >= NaN is
+// false) when none. z = x / T and bin_of are monotone, so each of the select kernel's per-token
+// tests is such a set or the difference of two: a search per block replaces a division and a
+// bin per token with comparisons of x, and decides exactly as they would. Each step of the
+// search probes 32 keys at once, one per lane (7 steps for the 2^32 keys); every lane of a warp
+// calls it and gets the result.
+template <typename Up>
+__device__ __forceinline__ float lowest_logit_where(Up up) {
+  constexpr float kMaxFinite = 3.40282347e38f;
+  if (up(kNegInf)) return kNegInf;
+  if (!up(kMaxFinite)) return NAN;
+  uint32_t lo = rank_key(kNegInf), hi = rank_key(kMaxFinite);  // up false at lo, true at hi
+  const uint32_t lane = threadIdx.x & 31;
+  while (hi - lo > 1) {
+    const uint32_t step = max((hi - lo) / 32, 1u);
+    const uint32_t probe = min(lo + step * (lane + 1), hi);
+    const uint32_t holds = __ballot_sync(0xffffffffu, up(key_to_z(probe)));  // a suffix of lanes
+    const uint32_t first = __ffs(holds) - 1;  // holds != 0: lane 31's probe is hi or below it
+    if (holds == 0) {
+      lo = lo + step * 32;
+    } else {
+      hi = min(lo + step * (first + 1), hi);
+      if (first > 0) lo = lo + step * first;
+    }
+  }
+  return key_to_z(hi);
 }
 
 // The row-wide argmax and +inf count from kernel 1's per-chunk results.
@@ -173,7 +203,7 @@ __device__ __forceinline__ PenaltySource mark_chunk_penalties(const Args& a, con
 // Kernel 1: per chunk, the argmax of the processed logits, the +inf count, raw partials. Also
 // clears the row's histogram and cut list for kernels 2 and 3.
 template <typename T, bool kMasked>
-__global__ void __launch_bounds__(kChunkThreads) stats_kernel(const T* __restrict__ logits, Args a) {
+__global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm) stats_kernel(const T* __restrict__ logits, Args a) {
   extern __shared__ __align__(16) uint32_t bitmap[];
   __shared__ Candidate scratch[kChunkThreads / 32];
   __shared__ float red_m[kChunkThreads / 32], red_s[kChunkThreads / 32];
@@ -242,7 +272,7 @@ __device__ __forceinline__ float processed_group(float (&x)[4], int32_t i, const
 
 // Kernel 2 (top-p and top-k rows): the chunk's histogram, added to the row's.
 template <typename T, bool kMasked>
-__global__ void __launch_bounds__(kChunkThreads) histogram_kernel(const T* __restrict__ logits, Args a) {
+__global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm) histogram_kernel(const T* __restrict__ logits, Args a) {
   extern __shared__ __align__(16) uint32_t bitmap[];
   // The block's bin sums in 32-bit words, so every add is a native shared atomic (a 64-bit one is
   // a compare-and-swap loop): count rows count tokens in `low`; mass rows add each mass's low 16
@@ -297,7 +327,7 @@ __global__ void __launch_bounds__(kChunkThreads) histogram_kernel(const T* __res
 // Kernel 3: the best z + G of the chunk's surely kept tokens (into results[].best), and the
 // cut bin's tokens appended to the row's list.
 template <typename T, bool kMasked>
-__global__ void __launch_bounds__(kChunkThreads) select_kernel(const T* __restrict__ logits, Args a) {
+__global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm) select_kernel(const T* __restrict__ logits, Args a) {
   extern __shared__ __align__(16) uint32_t bitmap[];
   __shared__ Candidate scratch[kChunkThreads / 32];
   __shared__ int32_t red[2 * kChunkThreads / 32];
@@ -321,31 +351,50 @@ __global__ void __launch_bounds__(kChunkThreads) select_kernel(const T* __restri
   if (threadIdx.x == 0) best_seen.reset();
   const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);  // syncs
 
+  // A token is surely kept when x >= x_sure and listed when x_list <= x < x_above_list (the
+  // tests on z = x / T below, as raw-logit thresholds: lowest_logit_where).
+  auto z_of = [&](float x) { return x == kNegInf ? kNegInf : scaled_logit(x, p.temperature); };
+  const float x_sure = lowest_logit_where([&](float x) {
+    const float z = z_of(x);
+    return z != kNegInf && bin_of(z, z_max) < sure_below && z >= tau;
+  });
+  const float x_list = lowest_logit_where([&](float x) {
+    const float z = z_of(x);
+    return z != kNegInf && bin_of(z, z_max) <= list_to;
+  });
+  const float x_above_list = lowest_logit_where([&](float x) {
+    const float z = z_of(x);
+    return z != kNegInf && bin_of(z, z_max) < list_from;
+  });
+  const float inv_t = 1.0f / p.temperature;  // estimates only; exact z = x / T where it counts
+
   const split_row::Args quiet = without_raw(a);
   Candidate best{kNegInf, kNoId};
   Candidate* list = a.chunk_candidates + c.r * kCutCap;
   split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
     processed_group(x, i, c, quiet, bitmap, pen);
-    float z[4], sure_max = kNegInf;
+    float sure_max = kNegInf;
     bool sure[4], listed[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      z[q] = x[q] == kNegInf ? kNegInf : scaled_logit(x[q], p.temperature);
-      const int b = z[q] == kNegInf ? kBins : bin_of(z[q], z_max);
-      sure[q] = z[q] != kNegInf && b < sure_below && z[q] >= tau;
-      listed[q] = z[q] != kNegInf && b >= list_from && b <= list_to;
-      if (sure[q]) sure_max = fmaxf(sure_max, z[q]);
+      sure[q] = x[q] >= x_sure;
+      listed[q] = x[q] >= x_list && !(x[q] >= x_above_list);
+      if (sure[q]) sure_max = fmaxf(sure_max, x[q]);
     }
     // Noise only where it can win (as the split-row no-filter loop): G <= 16.64 for any word,
     // and the word's leading zeros bound G before the two logs, against the block's best score
-    // so far; margins cover the rounding.
+    // so far; z estimated as x * (1 / T) with margins that cover the rounding, exact where it
+    // counts.
     const float bar = fmaxf(best.z, best_seen.get());
-    if (sure_max != kNegInf && sure_max + 16.7f + 1e-5f * fabsf(sure_max) >= bar) {
+    const float z_max4 = sure_max * inv_t;
+    if (sure_max != kNegInf && z_max4 + 16.7f + 1e-5f * fabsf(z_max4) >= bar) {
       const Philox4 w = random_words(p.seed, p.position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        if (!sure[q] || z[q] + split_row::gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z[q]) < bar) continue;
-        best = best_of(best, Candidate{f_add(z[q], split_row::gumbel_of_word(w.v[q])), i + q});
+        const float z_est = x[q] * inv_t;
+        if (!sure[q] || z_est + split_row::gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) < fmaxf(bar, best.z))
+          continue;
+        best = best_of(best, Candidate{f_add(z_of(x[q]), split_row::gumbel_of_word(w.v[q])), i + q});
       }
       if (best.z > bar) best_seen.raise(best.z);  // above the block's best: share it
     }
@@ -353,7 +402,8 @@ __global__ void __launch_bounds__(kChunkThreads) select_kernel(const T* __restri
     if (__any_sync(0xffffffffu, listed[0] || listed[1] || listed[2] || listed[3])) {
 #pragma unroll
       for (int q = 0; q < 4; ++q)  // past kCutCap: counted, not stored (the row's fallback)
-        split_row::append_candidate<kCutCap>(listed[q], Candidate{z[q], i + q}, list, &a.cut_count[c.r]);
+        split_row::append_candidate<kCutCap>(listed[q], Candidate{listed[q] ? z_of(x[q]) : kNegInf, i + q},
+                                             list, &a.cut_count[c.r]);
     }
   });
   best = block_best<kChunkThreads>(best, scratch);

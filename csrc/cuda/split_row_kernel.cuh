@@ -47,6 +47,9 @@
 namespace tokensampler::cuda::split_row {
 
 constexpr int kChunkThreads = 256;
+// Resident chunk-kernel blocks per SM (every chunk kernel's launch bound, so none needs more than
+// 64 registers a thread): set_chunks sizes a step's blocks to one wave of them.
+constexpr int kChunkBlocksPerSm = 4;
 constexpr int kFinishThreads = 512;
 constexpr int kLoadsInFlight = 4;  // 16-byte loads per thread per round (bytes in flight per SM)
 constexpr int kRoundTokens = kChunkThreads * 4 * kLoadsInFlight;
@@ -510,7 +513,7 @@ __device__ __forceinline__ void finish_row(const T* __restrict__ logits, const A
 // finishes the row itself, so a step is one kernel. kMasked: the step has a grammar bitmask;
 // without one the loops carry no bitmask code (they run at the 64-register cap).
 template <typename T, bool kFused, bool kMasked>
-__global__ void __launch_bounds__(kChunkThreads, 4) chunk_kernel(const T* __restrict__ logits, Args a) {
+__global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm) chunk_kernel(const T* __restrict__ logits, Args a) {
   // Dynamic shared memory: [penalty bitmap, if penalties][candidate buffer, if top-k rows]
   // [the chunk's bitmask words, if kMasked].
   extern __shared__ __align__(16) unsigned char dyn_smem[];

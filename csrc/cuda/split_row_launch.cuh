@@ -40,13 +40,12 @@ inline Args common_args(const SampleRowsCall& c) {
 }
 
 // Cuts each row into a.splits chunks of a.chunk_len tokens: at most one wave of blocks (the
-// chunk kernels' 4 resident blocks per SM; A/B on the H200, RESULTS.md run 41: one wave beat two
-// by 0-29 % at every route and batch size, fewer chunks paying their start (the first group's
-// exact scores, the buffer setup) and their reductions fewer times), at most max_splits, chunks
-// of at least 1024 tokens (and at most max_chunk_len, a multiple of 4) starting 16-byte aligned.
-// TOKENSAMPLER_CHUNK_BLOCKS_PER_SM overrides the 4 (benchmarks compare waves).
-constexpr int kChunkBlocksPerSm = 4;
-
+// chunk kernels' kChunkBlocksPerSm resident blocks per SM; A/B on the H200, RESULTS.md run 41:
+// one wave beat two by 0-29 % at every route and batch size, fewer chunks paying their start
+// (the first group's exact scores, the buffer setup) and their reductions fewer times), at most
+// max_splits, chunks of at least 1024 tokens (and at most max_chunk_len, a multiple of 4)
+// starting 16-byte aligned. TOKENSAMPLER_CHUNK_BLOCKS_PER_SM overrides kChunkBlocksPerSm
+// (benchmarks compare waves).
 inline void set_chunks(Args& a, int64_t rows, int64_t max_splits,
                        int32_t max_chunk_len = INT32_MAX - 3) {
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
