@@ -1,9 +1,11 @@
 // Block-wide exact top-k selection over candidates in shared memory, without sorting.
 //
-// The rank order is (z descending, id ascending). The k-th candidate is found by bisection:
-// 32 steps on an order-preserving key of z, each one block-wide count of the keys at or above
-// a trial value, then (only when several candidates tie on the boundary z) 31 steps on the id.
-// Each step is a few shared-memory loads per thread and one barrier; a bitonic sort of the same
+// The rank order is (z descending, id ascending). The k-th candidate is found by radix select:
+// four passes over 8-bit digits of an order-preserving key of z (most significant first), each
+// one shared-memory histogram of the candidates that share the digits chosen so far and one
+// block scan of its 256 bins, then (only when several candidates tie on the boundary z) four
+// passes over the digits of the id. A bisection needs a block-wide count and a barrier per key
+// bit (32, and 31 more on ties; ncu: the chunk kernels' top cost); a bitonic sort of the same
 // buffer takes ~log2(n)^2 / 2 barrier stages with a full pass of compare-exchanges in each.
 #pragma once
 
@@ -48,34 +50,112 @@ __device__ __forceinline__ bool kept_by(const Cut& cut, const Candidate& c) {
   return key > cut.key || (key == cut.key && c.id <= cut.id);
 }
 
-// The exact top-k cut of buf[0, n) (empty slots: id kNoId), 1 <= k <= real candidates.
+// Barrier of a block, or of warp 0 working alone (kThreads == 32).
+template <int kThreads>
+__device__ __forceinline__ void block_or_warp_sync() {
+  if constexpr (kThreads == 32) __syncwarp();
+  else __syncthreads();
+}
+
+// Inclusive prefix sum of one int per thread over the block (kThreads == 32: warp 0 alone, no
+// shared memory). `warp_sums` holds kThreads / 32 ints; a barrier must separate this call from
+// any earlier read of them.
+template <int kThreads>
+__device__ __forceinline__ int32_t block_inclusive_sum(int32_t v, int32_t* warp_sums) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int32_t t = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += t;
+  }
+  if constexpr (kThreads == 32) return v;
+  if (lane == 31) warp_sums[w] = v;
+  __syncthreads();
+  for (int j = 0; j < w; ++j) v += warp_sums[j];
+  return v;
+}
+
+constexpr int kRadixBins = 256;  // 8-bit digits
+
+struct DigitPick {
+  int32_t digit;
+  int32_t before;  // candidates in digits ahead of it (in the pass's order)
+  int32_t count;   // candidates with it
+};
+
+struct RadixSmem {
+  int32_t hist[kRadixBins];
+  DigitPick pick;
+};
+
+// One radix pass: the digit holding the rank-th (1-based) candidate, in descending digit order
+// (kDescending) or ascending, among the candidates for which digit_of gives a digit (>= 0;
+// -1: not in the set). Syncs.
+template <int kThreads, bool kDescending, typename DigitOf>
+__device__ __forceinline__ DigitPick radix_pick(const Candidate* buf, int n, int32_t rank,
+                                                DigitOf digit_of, RadixSmem& sm,
+                                                int32_t* warp_sums) {
+  constexpr int kPer = (kRadixBins + kThreads - 1) / kThreads;  // bins per thread
+  for (int b = threadIdx.x; b < kRadixBins; b += kThreads) sm.hist[b] = 0;
+  block_or_warp_sync<kThreads>();
+  for (int e = threadIdx.x; e < n; e += kThreads) {
+    const int d = digit_of(buf[e]);
+    if (d >= 0) atomicAdd(&sm.hist[d], 1);
+  }
+  block_or_warp_sync<kThreads>();
+  int32_t h[kPer], mine = 0;
+#pragma unroll
+  for (int q = 0; q < kPer; ++q) {
+    const int j = static_cast<int>(threadIdx.x) * kPer + q;  // position in the pass's order
+    h[q] = j < kRadixBins ? sm.hist[kDescending ? kRadixBins - 1 - j : j] : 0;
+    mine += h[q];
+  }
+  int32_t cum = block_inclusive_sum<kThreads>(mine, warp_sums) - mine;
+#pragma unroll
+  for (int q = 0; q < kPer; ++q) {
+    const int j = static_cast<int>(threadIdx.x) * kPer + q;
+    if (cum < rank && rank <= cum + h[q])
+      sm.pick = DigitPick{kDescending ? kRadixBins - 1 - j : j, cum, h[q]};
+    cum += h[q];
+  }
+  block_or_warp_sync<kThreads>();
+  return sm.pick;
+}
+
+// The exact top-k cut of buf[0, n) (empty slots: id kNoId), 1 <= k <= real candidates. `red`
+// holds kThreads / 32 ints at least (unused by one warp).
 // Loops stay rolled and the functions out of line: they run a few times per block, next to hot
 // loops that need the instruction cache.
 template <int kThreads>
 __device__ __noinline__ Cut select_cut(const Candidate* buf, int n, int k, int32_t* red) {
-  int parity = 0;
-  auto count_if = [&](auto pred) {
-    int32_t c = 0;
-    for (int e = threadIdx.x; e < n; e += kThreads) c += pred(buf[e]) ? 1 : 0;
-    return block_count<kThreads>(c, red, parity);
-  };
-  uint32_t key = 0;  // the largest key with at least k candidates at or above it: the k-th key
-  for (int bit = 31; bit >= 0; --bit) {
-    const uint32_t trial = key | (1u << bit);
-    if (count_if([&](const Candidate& c) { return slot_key(c) >= trial; }) >= k) key = trial;
+  __shared__ RadixSmem sm;
+  uint32_t key = 0;  // the k-th largest key, 8 bits per pass
+  int32_t need = k, tied = 0;  // the k-th's rank among the keys sharing the digits so far
+#pragma unroll 1
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    const uint32_t high = shift == 24 ? 0u : ~0u << (shift + 8);  // the digits chosen so far
+    const DigitPick d = radix_pick<kThreads, true>(buf, n, need, [&](const Candidate& c) {
+      const uint32_t ck = slot_key(c);
+      return (ck & high) == key ? static_cast<int>((ck >> shift) & 0xFFu) : -1;
+    }, sm, red);
+    key |= static_cast<uint32_t>(d.digit) << shift;
+    need -= d.before;
+    tied = d.count;
   }
-  const int32_t above = count_if([&](const Candidate& c) { return slot_key(c) > key; });
-  const int32_t tied = count_if([&](const Candidate& c) { return slot_key(c) == key; });
-  const int32_t need = k - above;  // 1 <= need <= tied
-  int32_t id = kNoId - 1;
-  if (need < tied) {  // the need-th smallest id among the ties
-    int32_t lo = 0;   // the largest value with fewer than `need` tied ids below it
-    for (int bit = 30; bit >= 0; --bit) {
-      const int32_t trial = lo | (1 << bit);
-      if (count_if([&](const Candidate& c) { return slot_key(c) == key && c.id < trial; }) < need)
-        lo = trial;
+  int32_t id = kNoId - 1;  // every tie kept
+  if (need < tied) {       // the need-th smallest id among the ties
+    uint32_t lo = 0;
+#pragma unroll 1
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      const uint32_t high = shift == 24 ? 0u : ~0u << (shift + 8);
+      const DigitPick d = radix_pick<kThreads, false>(buf, n, need, [&](const Candidate& c) {
+        const uint32_t cid = static_cast<uint32_t>(c.id);
+        return slot_key(c) == key && (cid & high) == lo ? static_cast<int>((cid >> shift) & 0xFFu) : -1;
+      }, sm, red);
+      lo |= static_cast<uint32_t>(d.digit) << shift;
+      need -= d.before;
     }
-    id = lo;
+    id = static_cast<int32_t>(lo);
   }
   return Cut{key, id};
 }

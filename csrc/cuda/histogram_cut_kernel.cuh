@@ -387,16 +387,21 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm) select_kerne
     // counts.
     const float bar = fmaxf(best.z, best_seen.get());
     const float z_max4 = sure_max * inv_t;
-    if (sure_max != kNegInf && z_max4 + 16.7f + 1e-5f * fabsf(z_max4) >= bar) {
+    const float margin = 1e-5f * fabsf(z_max4);
+    if (sure_max != kNegInf && z_max4 + 16.7f + margin >= bar) {
       const Philox4 w = random_words(p.seed, p.position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
+      // One bound for the group first (gumbel_upper_bound grows with the word), then per token.
+      const uint32_t w_max = max(max(w.v[0], w.v[1]), max(w.v[2], w.v[3]));
+      if (z_max4 + split_row::gumbel_upper_bound(w_max) + margin >= bar) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float z_est = x[q] * inv_t;
-        if (!sure[q] || z_est + split_row::gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) < fmaxf(bar, best.z))
-          continue;
-        best = best_of(best, Candidate{f_add(z_of(x[q]), split_row::gumbel_of_word(w.v[q])), i + q});
+        for (int q = 0; q < 4; ++q) {
+          const float z_est = x[q] * inv_t;
+          if (!sure[q] || z_est + split_row::gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) < fmaxf(bar, best.z))
+            continue;
+          best = best_of(best, Candidate{f_add(z_of(x[q]), split_row::gumbel_of_word(w.v[q])), i + q});
+        }
+        if (best.z > bar) best_seen.raise(best.z);  // above the block's best: share it
       }
-      if (best.z > bar) best_seen.raise(best.z);  // above the block's best: share it
     }
     // Listed tokens are few (one bin, or the top-k set): one vote skips the four appends.
     if (__any_sync(0xffffffffu, listed[0] || listed[1] || listed[2] || listed[3])) {
