@@ -78,26 +78,35 @@ __device__ __forceinline__ int bin_of(float z, float z_max) {
 // of the finite and -inf logits (true at x implies true above it); NaN (every x >= NaN is
 // false) when none. z = x / T and bin_of are monotone, so each of the select kernel's per-token
 // tests is such a set or the difference of two: a search per block replaces a division and a
-// bin per token with comparisons of x, and decides exactly as they would. Each step of the
-// search probes 32 keys at once, one per lane (7 steps for the 2^32 keys); every lane of a warp
-// calls it and gets the result.
+// bin per token with comparisons of x, and decides exactly as they would. Each step probes 32
+// keys at once, one per lane: the first at the two ends and at offsets of 4^j keys either side
+// of `hint` (an estimate of the answer: a good one leaves a bracket of a few keys), then 32-ary
+// steps inside the bracket. Every lane of a warp calls it and gets the result.
 template <typename Up>
-__device__ __forceinline__ float lowest_logit_where(Up up) {
-  constexpr float kMaxFinite = 3.40282347e38f;
-  if (up(kNegInf)) return kNegInf;
-  if (!up(kMaxFinite)) return NAN;
-  uint32_t lo = rank_key(kNegInf), hi = rank_key(kMaxFinite);  // up false at lo, true at hi
+__device__ __forceinline__ float lowest_logit_where(Up up, float hint) {
+  const int64_t lowest = rank_key(kNegInf), highest = rank_key(3.40282347e38f);
+  const int64_t center = rank_key(isfinite(hint) ? hint : 0.0f);
+  const int d = static_cast<int>(threadIdx.x & 31) - 16;  // lane 0: -inf, lane 31: the largest float
+  const int64_t offset = d < 0 ? -(int64_t{1} << (-2 * d)) : d > 0 ? int64_t{1} << (2 * d) : 0;
+  const uint32_t first_probe =
+      static_cast<uint32_t>(d == 15 ? highest : min(max(center + offset, lowest), highest));
+  const uint32_t holds = __ballot_sync(0xffffffffu, up(key_to_z(first_probe)));  // a suffix of lanes
+  if (holds == 0) return NAN;
+  const int first = __ffs(holds) - 1;
+  if (first == 0) return kNegInf;
+  uint32_t hi = __shfl_sync(0xffffffffu, first_probe, first);  // up true at hi, false at lo
+  uint32_t lo = __shfl_sync(0xffffffffu, first_probe, first - 1);
   const uint32_t lane = threadIdx.x & 31;
   while (hi - lo > 1) {
     const uint32_t step = max((hi - lo) / 32, 1u);
     const uint32_t probe = min(lo + step * (lane + 1), hi);
-    const uint32_t holds = __ballot_sync(0xffffffffu, up(key_to_z(probe)));  // a suffix of lanes
-    const uint32_t first = __ffs(holds) - 1;  // holds != 0: lane 31's probe is hi or below it
-    if (holds == 0) {
+    const uint32_t in = __ballot_sync(0xffffffffu, up(key_to_z(probe)));  // a suffix of lanes
+    const uint32_t at = __ffs(in) - 1;  // in != 0: lane 31's probe is hi or below it
+    if (in == 0) {
       lo = lo + step * 32;
     } else {
-      hi = min(lo + step * (first + 1), hi);
-      if (first > 0) lo = lo + step * first;
+      hi = min(lo + step * (at + 1), hi);
+      if (at > 0) lo = lo + step * at;
     }
   }
   return key_to_z(hi);
@@ -354,18 +363,20 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm) select_kerne
   // A token is surely kept when x >= x_sure and listed when x_list <= x < x_above_list (the
   // tests on z = x / T below, as raw-logit thresholds: lowest_logit_where).
   auto z_of = [&](float x) { return x == kNegInf ? kNegInf : scaled_logit(x, p.temperature); };
+  // Where the searches start: the z boundaries the bin tests approximate, times T.
+  auto x_near = [&](int bins_down) { return (z_max - bins_down / kBinsPerNat) * p.temperature; };
   const float x_sure = lowest_logit_where([&](float x) {
     const float z = z_of(x);
     return z != kNegInf && bin_of(z, z_max) < sure_below && z >= tau;
-  });
+  }, sure_below >= kBins ? tau * p.temperature : fmaxf(tau * p.temperature, x_near(sure_below)));
   const float x_list = lowest_logit_where([&](float x) {
     const float z = z_of(x);
     return z != kNegInf && bin_of(z, z_max) <= list_to;
-  });
+  }, x_near(list_to + 1));
   const float x_above_list = lowest_logit_where([&](float x) {
     const float z = z_of(x);
     return z != kNegInf && bin_of(z, z_max) < list_from;
-  });
+  }, x_near(list_from));
   const float inv_t = 1.0f / p.temperature;  // estimates only; exact z = x / T where it counts
 
   const split_row::Args quiet = without_raw(a);
