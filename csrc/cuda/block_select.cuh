@@ -202,9 +202,9 @@ __device__ __forceinline__ int compact_candidates(Candidate* buf, int n, Keep ke
 // kNarrowCut (same cut, so the same tokens; for a row's one finishing block, where the cut is
 // serial work): when k <= kThreads and n is large, the candidates below the k-th largest of the
 // threads' maxima (a lower bound of the k-th key) are dropped first; a set of at most
-// kWarpSelectMax is then cut by warp 0 alone, without a block barrier per bisection step. The
+// kWarpSelectMax is then cut by warp 0 alone, without block barriers in its radix passes. The
 // chunk kernels keep the block-wide cut: with many blocks per SM it measured faster at 128 rows
-// (bench/RESULTS.md, 2026-12-04).
+// (bench/RESULTS.md, 2026-12-04, with the bisection select_cut had then).
 template <int kThreads, int kPerThread, bool kNarrowCut = false>
 __device__ __noinline__ int keep_top_k(Candidate* buf, int n, int k, int real, int32_t* red, int32_t* counter) {
   if (real == 0) return 0;

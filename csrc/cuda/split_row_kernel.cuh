@@ -16,10 +16,11 @@
 //     largest of the threads' maxima, so even the first round admits few.
 // Finishing a row (finish_row): one block merges the row's chunks: argmax / best score, or the
 // exact top-k of the chunks' candidates (block_select.cuh: candidates below the k-th largest of
-// the threads' maxima dropped first, then one warp bisects the few left), sorted (bitonic, <= 512
-// entries) only when top-p or +inf logits need the rank order; top-p over integer masses scanned
-// in rank order (row_rules.h, as the CPU reference), min-p, and Gumbel-max over the kept
-// candidates. Every score is computed with the helpers of the CPU kernels, so tokens are identical.
+// the threads' maxima dropped first, then one warp radix-selects among the few left), sorted
+// (bitonic, <= 512 entries) only when top-p or +inf logits need the rank order; top-p over
+// integer masses scanned in rank order (row_rules.h, as the CPU reference), min-p, and
+// Gumbel-max over the kept candidates. Every score is computed with the helpers of the CPU
+// kernels, so tokens are identical.
 // Two launches of it (split_row_sample.cu picks by the step's rows; kMasked by whether the step
 // has a grammar bitmask, so steps without one run no bitmask code):
 //   - single launch, small steps: chunk_kernel<T, true, kMasked>. Each block, after writing its
