@@ -3,6 +3,8 @@ through the public API: same tokens as the CPU kernels, for distributions that p
 crowded bin, rows that overflow the cut list (the in-kernel fallback), penalties, verify rows,
 and batch invariance."""
 
+import math
+
 import pytest
 import torch
 
@@ -60,6 +62,41 @@ def test_cut_path_matches_cpu(case, kind, V):
                 else ts.SamplingParams(seed=500 + i, **params))
 
     _compare(row, logits)
+
+
+def _nudged(x, steps):
+    """x moved by steps[i] ulps (|steps| <= 2), element by element."""
+    up, down = torch.tensor(float("inf")), torch.tensor(float("-inf"))
+    for k in range(2):
+        x = torch.where(steps > k, torch.nextafter(x, up), x)
+        x = torch.where(steps < -k, torch.nextafter(x, down), x)
+    return x
+
+
+@pytest.mark.parametrize("temperature", [0.05, 0.3, 1.3, 2.7])
+@pytest.mark.parametrize("case", ["top_p", "min_p", "top_p_min_p"])
+def test_cut_path_decides_tokens_on_bin_edges(temperature, case):
+    """A few dozen finite logits per row, each on or up to two ulps beside a histogram bin edge
+    (z = z_max - j / 64) or the min-p threshold, at temperatures whose divisions round. The select
+    kernel classifies tokens against raw-logit thresholds it finds once per block
+    (lowest_logit_where), which must decide exactly as the per-token tests on z = x / T do; with
+    so few finite tokens each one's class can change the row's token."""
+    bs, V, finite = 32, 50257, 48
+    params = {"top_p": dict(top_p=0.8), "min_p": dict(min_p=0.05),
+              "top_p_min_p": dict(top_p=0.9, min_p=0.1)}[case]
+    g = torch.Generator().manual_seed(int(temperature * 100) + len(case))
+    x_max = torch.tensor(2.5 * temperature, dtype=torch.float32)
+    z_max = x_max / temperature
+    j = torch.randint(1, 256, (bs, finite), generator=g).float()
+    z = z_max - j / 64
+    if "min_p" in params:  # a quarter of the tokens at the min-p threshold instead
+        z[:, : finite // 4] = z_max + math.log(params["min_p"])
+    x = _nudged((z * temperature).float(), torch.randint(-2, 3, (bs, finite), generator=g))
+    x[:, 0] = x_max
+    logits = torch.full((bs, V), float("-inf"))
+    cols = torch.stack([torch.randperm(V, generator=g)[:finite] for _ in range(bs)])
+    logits.scatter_(1, cols, x)
+    _compare(lambda i: ts.SamplingParams(seed=900 + i, temperature=temperature, **params), logits)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
