@@ -5,8 +5,9 @@
 // one shared-memory histogram of the candidates that share the digits chosen so far and one
 // block scan of its 256 bins, then (only when several candidates tie on the boundary z) four
 // passes over the digits of the id. A bisection needs a block-wide count and a barrier per key
-// bit (32, and 31 more on ties; ncu: the chunk kernels' top cost); a bitonic sort of the same
-// buffer takes ~log2(n)^2 / 2 barrier stages with a full pass of compare-exchanges in each.
+// bit (32, and 31 more on ties: most of what the top-k chunk kernels issued, RESULTS.md runs
+// 43-45); a bitonic sort of the same buffer takes ~log2(n)^2 / 2 barrier stages with a full
+// pass of compare-exchanges in each.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -150,7 +151,8 @@ __device__ __noinline__ Cut select_cut(const Candidate* buf, int n, int k, int32
       const uint32_t high = shift == 24 ? 0u : ~0u << (shift + 8);
       const DigitPick d = radix_pick<kThreads, false>(buf, n, need, [&](const Candidate& c) {
         const uint32_t cid = static_cast<uint32_t>(c.id);
-        return slot_key(c) == key && (cid & high) == lo ? static_cast<int>((cid >> shift) & 0xFFu) : -1;
+        const bool tie = slot_key(c) == key && (cid & high) == lo;
+        return tie ? static_cast<int>((cid >> shift) & 0xFFu) : -1;
       }, sm, red);
       lo |= static_cast<uint32_t>(d.digit) << shift;
       need -= d.before;

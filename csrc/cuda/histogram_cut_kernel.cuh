@@ -86,11 +86,11 @@ template <typename Up>
 __device__ __forceinline__ float lowest_logit_where(Up up, float hint) {
   const int64_t lowest = rank_key(kNegInf), highest = rank_key(3.40282347e38f);
   const int64_t center = rank_key(isfinite(hint) ? hint : 0.0f);
-  const int d = static_cast<int>(threadIdx.x & 31) - 16;  // lane 0: -inf, lane 31: the largest float
+  const int d = static_cast<int>(threadIdx.x & 31) - 16;  // lane 0: -inf, 31: the largest float
   const int64_t offset = d < 0 ? -(int64_t{1} << (-2 * d)) : d > 0 ? int64_t{1} << (2 * d) : 0;
   const uint32_t first_probe =
       static_cast<uint32_t>(d == 15 ? highest : min(max(center + offset, lowest), highest));
-  const uint32_t holds = __ballot_sync(0xffffffffu, up(key_to_z(first_probe)));  // a suffix of lanes
+  const uint32_t holds = __ballot_sync(0xffffffffu, up(key_to_z(first_probe)));  // a suffix
   if (holds == 0) return NAN;
   const int first = __ffs(holds) - 1;
   if (first == 0) return kNegInf;
@@ -212,7 +212,8 @@ __device__ __forceinline__ PenaltySource mark_chunk_penalties(const Args& a, con
 // Kernel 1: per chunk, the argmax of the processed logits, the +inf count, raw partials. Also
 // clears the row's histogram and cut list for kernels 2 and 3.
 template <typename T, bool kMasked>
-__global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm) stats_kernel(const T* __restrict__ logits, Args a) {
+__global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
+    stats_kernel(const T* __restrict__ logits, Args a) {
   extern __shared__ __align__(16) uint32_t bitmap[];
   __shared__ Candidate scratch[kChunkThreads / 32];
   __shared__ float red_m[kChunkThreads / 32], red_s[kChunkThreads / 32];
@@ -281,7 +282,8 @@ __device__ __forceinline__ float processed_group(float (&x)[4], int32_t i, const
 
 // Kernel 2 (top-p and top-k rows): the chunk's histogram, added to the row's.
 template <typename T, bool kMasked>
-__global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm) histogram_kernel(const T* __restrict__ logits, Args a) {
+__global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
+    histogram_kernel(const T* __restrict__ logits, Args a) {
   extern __shared__ __align__(16) uint32_t bitmap[];
   // The block's bin sums in 32-bit words, so every add is a native shared atomic (a 64-bit one is
   // a compare-and-swap loop): count rows count tokens in `low`; mass rows add each mass's low 16
@@ -336,7 +338,8 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm) histogram_ke
 // Kernel 3: the best z + G of the chunk's surely kept tokens (into results[].best), and the
 // cut bin's tokens appended to the row's list.
 template <typename T, bool kMasked>
-__global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm) select_kernel(const T* __restrict__ logits, Args a) {
+__global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
+    select_kernel(const T* __restrict__ logits, Args a) {
   extern __shared__ __align__(16) uint32_t bitmap[];
   __shared__ Candidate scratch[kChunkThreads / 32];
   __shared__ int32_t red[2 * kChunkThreads / 32];
@@ -407,9 +410,11 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm) select_kerne
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const float z_est = x[q] * inv_t;
-          if (!sure[q] || z_est + split_row::gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) < fmaxf(bar, best.z))
+          if (!sure[q] || z_est + split_row::gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) <
+                              fmaxf(bar, best.z))
             continue;
-          best = best_of(best, Candidate{f_add(z_of(x[q]), split_row::gumbel_of_word(w.v[q])), i + q});
+          best = best_of(best,
+                         Candidate{f_add(z_of(x[q]), split_row::gumbel_of_word(w.v[q])), i + q});
         }
         if (best.z > bar) best_seen.raise(best.z);  // above the block's best: share it
       }
@@ -418,8 +423,8 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm) select_kerne
     if (__any_sync(0xffffffffu, listed[0] || listed[1] || listed[2] || listed[3])) {
 #pragma unroll
       for (int q = 0; q < 4; ++q)  // past kCutCap: counted, not stored (the row's fallback)
-        split_row::append_candidate<kCutCap>(listed[q], Candidate{listed[q] ? z_of(x[q]) : kNegInf, i + q},
-                                             list, &a.cut_count[c.r]);
+        split_row::append_candidate<kCutCap>(
+            listed[q], Candidate{listed[q] ? z_of(x[q]) : kNegInf, i + q}, list, &a.cut_count[c.r]);
     }
   });
   best = block_best<kChunkThreads>(best, scratch);

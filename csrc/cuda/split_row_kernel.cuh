@@ -514,7 +514,8 @@ __device__ __forceinline__ void finish_row(const T* __restrict__ logits, const A
 // finishes the row itself, so a step is one kernel. kMasked: the step has a grammar bitmask;
 // without one the loops carry no bitmask code (they run at the 64-register cap).
 template <typename T, bool kFused, bool kMasked>
-__global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm) chunk_kernel(const T* __restrict__ logits, Args a) {
+__global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
+    chunk_kernel(const T* __restrict__ logits, Args a) {
   // Dynamic shared memory: [penalty bitmap, if penalties][candidate buffer, if top-k rows]
   // [the chunk's bitmask words, if kMasked].
   extern __shared__ __align__(16) unsigned char dyn_smem[];
