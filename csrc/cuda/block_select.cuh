@@ -5,9 +5,9 @@
 // one shared-memory histogram of the candidates that share the digits chosen so far and one
 // block scan of its 256 bins, then (only when several candidates tie on the boundary z) four
 // passes over the digits of the id. A bisection needs a block-wide count and a barrier per key
-// bit (32, and 31 more on ties: most of what the top-k chunk kernels issued, RESULTS.md runs
-// 43-45); a bitonic sort of the same buffer takes ~log2(n)^2 / 2 barrier stages with a full
-// pass of compare-exchanges in each.
+// bit (32, and 31 more on ties: what the top-k chunk kernels' instruction counts pointed at,
+// RESULTS.md runs 43-45); a bitonic sort of the same buffer takes ~log2(n)^2 / 2 barrier stages
+// with a full pass of compare-exchanges in each.
 #pragma once
 
 #include <cuda_runtime.h>
