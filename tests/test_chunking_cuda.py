@@ -1,6 +1,7 @@
-"""Tokens do not depend on how the CUDA kernels cut rows into chunks: one, two and eight waves of
-chunk blocks (TOKENSAMPLER_CHUNK_BLOCKS_PER_SM, read at every call) sample the same tokens on the
-split-row and histogram-cut routes, at batch sizes whose chunk counts differ."""
+"""Tokens do not depend on how the CUDA kernels cut rows into chunks: 1, 4 (the default: one
+wave), 8 and 32 chunk blocks per SM (TOKENSAMPLER_CHUNK_BLOCKS_PER_SM, read at every call) sample
+the same tokens on the split-row and histogram-cut routes, at batch sizes whose chunk counts
+differ."""
 
 import pytest
 import torch
