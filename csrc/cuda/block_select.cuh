@@ -123,6 +123,28 @@ __device__ __forceinline__ DigitPick radix_pick(const Candidate* buf, int n, int
   return sm.pick;
 }
 
+// The rank-th (1-based) of value_of(c), in descending (kDescending) or ascending order, over the
+// candidates in_set admits: four passes, 8 bits each. On return, rank is the rank among the
+// candidates of that value and tied their count. Syncs.
+template <int kThreads, bool kDescending, typename ValueOf, typename InSet>
+__device__ __forceinline__ uint32_t radix_select(const Candidate* buf, int n, int32_t& rank,
+                                                 int32_t& tied, ValueOf value_of, InSet in_set,
+                                                 RadixSmem& sm, int32_t* warp_sums) {
+  uint32_t value = 0;  // 8 bits per pass
+#pragma unroll 1
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    const uint32_t high = shift == 24 ? 0u : ~0u << (shift + 8);  // the digits chosen so far
+    const DigitPick d = radix_pick<kThreads, kDescending>(buf, n, rank, [&](const Candidate& c) {
+      const uint32_t v = value_of(c);
+      return in_set(c) && (v & high) == value ? static_cast<int>((v >> shift) & 0xFFu) : -1;
+    }, sm, warp_sums);
+    value |= static_cast<uint32_t>(d.digit) << shift;
+    rank -= d.before;
+    tied = d.count;
+  }
+  return value;
+}
+
 // The exact top-k cut of buf[0, n) (empty slots: id kNoId), 1 <= k <= real candidates. `red`
 // holds kThreads / 32 ints at least (unused by one warp).
 // Loops stay rolled and the functions out of line: they run a few times per block, next to hot
@@ -130,34 +152,15 @@ __device__ __forceinline__ DigitPick radix_pick(const Candidate* buf, int n, int
 template <int kThreads>
 __device__ __noinline__ Cut select_cut(const Candidate* buf, int n, int k, int32_t* red) {
   __shared__ RadixSmem sm;
-  uint32_t key = 0;  // the k-th largest key, 8 bits per pass
-  int32_t need = k, tied = 0;  // the k-th's rank among the keys sharing the digits so far
-#pragma unroll 1
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    const uint32_t high = shift == 24 ? 0u : ~0u << (shift + 8);  // the digits chosen so far
-    const DigitPick d = radix_pick<kThreads, true>(buf, n, need, [&](const Candidate& c) {
-      const uint32_t ck = slot_key(c);
-      return (ck & high) == key ? static_cast<int>((ck >> shift) & 0xFFu) : -1;
-    }, sm, red);
-    key |= static_cast<uint32_t>(d.digit) << shift;
-    need -= d.before;
-    tied = d.count;
-  }
+  int32_t need = k, tied = 0;
+  const uint32_t key = radix_select<kThreads, true>(
+      buf, n, need, tied, [](const Candidate& c) { return slot_key(c); },
+      [](const Candidate&) { return true; }, sm, red);
   int32_t id = kNoId - 1;  // every tie kept
   if (need < tied) {       // the need-th smallest id among the ties
-    uint32_t lo = 0;
-#pragma unroll 1
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      const uint32_t high = shift == 24 ? 0u : ~0u << (shift + 8);
-      const DigitPick d = radix_pick<kThreads, false>(buf, n, need, [&](const Candidate& c) {
-        const uint32_t cid = static_cast<uint32_t>(c.id);
-        const bool tie = slot_key(c) == key && (cid & high) == lo;
-        return tie ? static_cast<int>((cid >> shift) & 0xFFu) : -1;
-      }, sm, red);
-      lo |= static_cast<uint32_t>(d.digit) << shift;
-      need -= d.before;
-    }
-    id = static_cast<int32_t>(lo);
+    id = static_cast<int32_t>(radix_select<kThreads, false>(
+        buf, n, need, tied, [](const Candidate& c) { return static_cast<uint32_t>(c.id); },
+        [&](const Candidate& c) { return slot_key(c) == key; }, sm, red));
   }
   return Cut{key, id};
 }
