@@ -5,6 +5,11 @@
 # 7 with several GPUs or with --bitmask-bench; bench/profile.sh appends to one more).
 #   bench/device_run.sh [--no-bench] [--bench-args "..."] [--tests "pytest args"]
 #                       [--bitmask-bench "args"] [--profile "route:bs[:dtype] ..."]
+#                       [--variant file.patch]...
+# Each --variant (a `patch -p1` file; carry the folder it is in) is an A/B candidate: after the
+# base run, it is applied, built (incrementally), tested with the same --tests and benchmarked
+# with the same --bench-args, then reverted; its logs and JSON come back in variants.tar.gz and
+# bench/compare_runs.py prints its figures beside the base's.
 # Carry .fi (from ../shared/tools/flashinfer_bundle.sh .fi) to benchmark FlashInfer beside us,
 # and .xg (scripts/xgrammar_bundle.sh .xg) for the grammar-mask benchmark's xgrammar kernel.
 set -uo pipefail
@@ -17,6 +22,7 @@ BITMASK_ARGS=""
 RUN_BITMASK=0
 PROFILE_SHAPES=""
 TEST_ARGS="-m cuda tests"
+VARIANTS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-bench) RUN_BENCH=0 ;;
@@ -24,6 +30,7 @@ while [ $# -gt 0 ]; do
     --tests) TEST_ARGS="$2"; shift ;;
     --bitmask-bench) RUN_BITMASK=1; BITMASK_ARGS="$2"; shift ;;
     --profile) PROFILE_SHAPES="$2"; shift ;;
+    --variant) VARIANTS+=("$2"); shift ;;
   esac
   shift
 done
@@ -64,6 +71,39 @@ if [ "$RUN_BITMASK" = 1 ]; then  # grammar masks (issue 17): ours+mask vs ours, 
 fi
 if [ -n "$PROFILE_SHAPES" ]; then
   bash bench/profile.sh $PROFILE_SHAPES 2>&1 | tail -60
+fi
+# patch(1) where the image has it, else git apply (which needs no repository).
+apply_variant() {  # file [-R]
+  if command -v patch > /dev/null; then patch -p1 -s --forward ${2:-} < "$1"; else git apply ${2:-} "$1"; fi
+}
+for patch_file in "${VARIANTS[@]}"; do
+  name=$(basename "$patch_file" .patch)
+  dir="$OUT/variants/$name"
+  mkdir -p "$dir"
+  echo "== variant $name"
+  if ! apply_variant "$patch_file"; then
+    echo "variant $name: does not apply" | tee -a "$OUT/gpu.txt"
+    continue
+  fi
+  if python3 -m pip install --no-build-isolation --no-deps -v . > "$dir/build.log" 2>&1; then
+    python3 -m pytest -q -p no:cacheprovider $TEST_ARGS > "$dir/tests.log" 2>&1
+    echo "variant $name GPU tests: $(tail -1 "$dir/tests.log")" | tee -a "$OUT/gpu.txt"
+    if [ "$RUN_BENCH" = 1 ]; then
+      python3 bench/benchmark.py --json "$dir/bench.json" $BENCH_ARGS > "$dir/bench.log" 2>&1
+      python3 bench/compare_runs.py "$OUT/bench.json" "$dir/bench.json" | tee -a "$OUT/gpu.txt"
+    fi
+    if [ "$RUN_BITMASK" = 1 ]; then
+      python3 bench/bitmask_bench.py --json "$dir/bitmask.json" $BITMASK_ARGS > "$dir/bitmask.log" 2>&1
+      tail -20 "$dir/bitmask.log"
+    fi
+  else
+    echo "variant $name: build failed" | tee -a "$OUT/gpu.txt"
+    tail -30 "$dir/build.log"
+  fi
+  apply_variant "$patch_file" -R
+done
+if [ ${#VARIANTS[@]} -gt 0 ]; then
+  tar -czf "$OUT/variants.tar.gz" -C "$OUT" variants && rm -rf "$OUT/variants"
 fi
 # The tests' verdict again, last, so it survives in the tail of a long run's output.
 echo "GPU tests: $(tail -1 "$OUT/tests.log")" | tee -a "$OUT/gpu.txt"
