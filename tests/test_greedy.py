@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -53,6 +55,52 @@ def test_greedy_logprobs_raw_and_processed():
         want = ref.gather(1, tokens.long().unsqueeze(1)).squeeze(1) if expect is None else torch.zeros(2)
         torch.testing.assert_close(out.next_token_logprobs, want, atol=1e-5, rtol=0)
         assert torch.equal(out.next_token_top_logprobs_idx, ref.topk(3, -1).indices)
+
+
+def test_greedy_logprobs_equal_the_kernels_on_inf_rows_and_ties():
+    """DESIGN §3.8 on every backend: greedy's raw logprobs and top-N (torch ops) follow the
+    sampling kernels' rule: a row with no finite logit is -inf (top-N at ids 0..N-1), a row
+    with +inf entries gives each -log(count), ties list the lower id first (-0 == +0), NaN is
+    -inf; in processed mode an invalid row is -inf and the others 0."""
+    inf, nan = float("inf"), float("nan")
+    logits = torch.randn(5, VOCAB)
+    logits[0, [700, 5, 9]] = 30.0                   # a three-way tie at the top
+    logits[1] = -inf
+    logits[1, 3] = nan
+    logits[2, [41, 40]] = inf
+    logits[3] = 0.0
+    logits[3, [2, 6]] = -0.0
+    logits[4, :600] = nan
+
+    def after(row, first):  # the id of the largest finite raw value outside `first`
+        rest = logits[row].nan_to_num(-inf)
+        rest[first] = -inf
+        return int(rest.argmax())
+
+    cfg = dict(max_bs=5, enable_output_logprobs=True, top_logprobs_num=4)
+    greedy = ts.create_backend("greedy", make_config(**cfg))
+    kernels = ts.create_backend("gumbel", make_config(**cfg))
+    og, ok = ts.LogitsProcessorOutput(logits.clone()), ts.LogitsProcessorOutput(logits.clone())
+    tokens, _ = greedy.sample(og, batch_info([1, 2, 3, 4, 5]))
+    kernels.sample(ok, batch_info([1, 2, 3, 4, 5]))
+    assert tokens.tolist()[:4] == [5, 0, 40, 0]
+    assert torch.equal(og.next_token_top_logprobs_idx, ok.next_token_top_logprobs_idx)
+    idx = og.next_token_top_logprobs_idx
+    assert idx[0].tolist() == [5, 9, 700, after(0, [5, 9, 700])]
+    assert idx[1].tolist() == [0, 1, 2, 3]
+    assert idx[2].tolist()[:3] == [40, 41, after(2, [40, 41])]
+    assert idx[3].tolist() == [0, 1, 2, 3]
+    torch.testing.assert_close(og.next_token_top_logprobs_val, ok.next_token_top_logprobs_val,
+                               atol=1e-5, rtol=0)
+    # the token is each row's first in rank order, so its logprob is the first top-N value
+    torch.testing.assert_close(og.next_token_logprobs, ok.next_token_top_logprobs_val[:, 0],
+                               atol=1e-5, rtol=0)
+    assert og.next_token_logprobs[1] == -inf and og.next_token_top_logprobs_val[1].eq(-inf).all()
+    assert og.next_token_logprobs[2].item() == pytest.approx(-math.log(2), abs=1e-7)
+    processed = ts.create_backend("greedy", make_config(logprobs_mode="processed", **cfg))
+    op = ts.LogitsProcessorOutput(logits.clone())
+    processed.sample(op, batch_info([1, 2, 3, 4, 5]))
+    assert op.next_token_logprobs.tolist() == [0.0, -inf, 0.0, 0.0, 0.0]
 
 
 def test_rows_without_finite_or_inf_logits_are_flagged_invalid():

@@ -50,6 +50,16 @@ def _shards(world):
     return [(bounds[i], bounds[i + 1] - bounds[i]) for i in range(world)]
 
 
+def _logprob_error(full, shard) -> float:
+    """Largest difference of the finite logprobs; inf unless the non-finite ones (±inf rows)
+    are equal, a NaN anywhere included."""
+    a, b = torch.stack(full), torch.stack(shard)
+    finite = a.isfinite()
+    if not torch.equal(finite, b.isfinite()) or not torch.equal(a[~finite], b[~finite]):
+        return float("inf")
+    return float((a - b)[finite].abs().max())
+
+
 def _worker(rank, world, port, results, dist_backend):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dev = "cpu"
@@ -84,6 +94,8 @@ def _worker(rank, world, port, results, dist_backend):
             logits[2, 200:] = float("-inf")       # ranks past token 200 see an all -inf row
             if step == 3:
                 logits[4, [5, 800]] = float("inf")  # +inf entries on two different ranks
+            if step == 4:
+                logits[3] = float("-inf")  # no finite logit: token 0, logprob -inf (§3.1)
             info = ts.SamplingBatchInfo(torch.arange(1, BS + 1, dtype=torch.int32, device=dev),
                                         torch.full((BS + 1,), 10 + step, dtype=torch.int32,
                                                    device=dev), V, dev)
@@ -96,8 +108,7 @@ def _worker(rank, world, port, results, dist_backend):
             tokens_shard.append(t2.tolist())
             lp_full.append(o1.next_token_logprobs.clone())
             lp_shard.append(o2.next_token_logprobs.clone())
-        out[case] = (tokens_full, tokens_shard,
-                     float((torch.stack(lp_full) - torch.stack(lp_shard)).abs().nan_to_num(0).max()),
+        out[case] = (tokens_full, tokens_shard, _logprob_error(lp_full, lp_shard),
                      full.penalty_history(3) if name == "gumbel_full" else None,
                      shard_backend.penalty_history(3) if name == "gumbel_full" else None, gathered)
     # verify with penalties: drafts taken from an unsharded probe's targets, so some are

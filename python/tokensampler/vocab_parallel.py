@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from . import _C
 from .backends.gumbel import GumbelSamplingBackend
 from .batch import LogitsProcessorOutput, SamplingBatchInfo
+from .logprobs import raw_logprob_given, raw_values
 
 __all__ = ["VocabParallelSampler"]
 
@@ -224,17 +225,18 @@ class VocabParallelSampler:
         return out
 
     def raw_logprobs(self, shard_logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """log-softmax of the raw logits at `tokens`, from two all-reduces of partials."""
-        raw = shard_logits.float().nan_to_num(float("-inf"), float("inf"), float("-inf"))
-        row_max = self._all_reduce(raw.amax(dim=1), dist.ReduceOp.MAX)
+        """DESIGN §3.8's raw logprob at `tokens`, from two all-reduces of the shards' partials."""
+        x = raw_values(shard_logits)
+        row_max = self._all_reduce(x.amax(dim=1), dist.ReduceOp.MAX)
         safe_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
         local = tokens.long() - self.vocab_offset
         mine = (local >= 0) & (local < self.shard_size)
-        picked = raw.gather(1, local.clamp(0, self.shard_size - 1).unsqueeze(1)).squeeze(1)
-        parts = torch.stack([(raw - safe_max.unsqueeze(1)).exp().sum(1),
-                             torch.where(mine, picked, torch.zeros_like(picked))])
-        total, value = self._all_reduce(parts, dist.ReduceOp.SUM)
-        return value - safe_max - total.log()
+        picked = x.gather(1, local.clamp(0, self.shard_size - 1).unsqueeze(1)).squeeze(1)
+        parts = torch.stack([(x - safe_max.unsqueeze(1)).exp().sum(1),
+                             torch.where(mine, picked, torch.zeros_like(picked)),
+                             (x == float("inf")).sum(1).float()])
+        sum_exp, value, inf_count = self._all_reduce(parts, dist.ReduceOp.SUM)
+        return raw_logprob_given(value, row_max, sum_exp, inf_count)
 
     def sample(self, logits_output: LogitsProcessorOutput, info: SamplingBatchInfo
                ) -> tuple[torch.Tensor, torch.Tensor]:

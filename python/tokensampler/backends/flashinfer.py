@@ -25,6 +25,7 @@ import torch
 
 from .. import _C
 from ..batch import LogitsProcessorOutput, SamplingBatchInfo
+from ..logprobs import raw_logprobs_at
 from .gumbel import GumbelSamplingBackend
 from .gumbel_full import GumbelFullSamplingBackend
 
@@ -127,13 +128,7 @@ class _FlashInferMixin:
         logits = self._masked(logits, sampling_info)
         processed, *_ = self._draw(logits, sampling_info, n, candidates, out)
         if self._logprobs is not None or self._top_values is not None:
-            raw = torch.log_softmax(logits.float().nan_to_num(float("-inf"), float("inf"), float("-inf")), -1)
-            if self._logprobs is not None:
-                self._logprobs[:out.numel()].copy_(raw.gather(1, out.long().unsqueeze(1)).squeeze(1))
-            if self._top_values is not None:
-                top = raw.topk(self._top_values.size(1), dim=-1)
-                self._top_values[:out.numel()].copy_(top.values)
-                self._top_ids[:out.numel()].copy_(top.indices)
+            raw_logprobs_at(logits, out, self._logprobs, self._top_values, self._top_ids)
 
     def verify(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo,
                candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..batch import LogitsProcessorOutput, SamplingBatchInfo
+from ..logprobs import raw_logprobs_at
 from .base import SamplingBackend
 
 __all__ = ["GreedySamplingBackend"]
@@ -45,19 +46,14 @@ class GreedySamplingBackend(SamplingBackend):
             invalid |= ((word >> (at.squeeze(1) & 31).to(torch.int32)) & 1) == 0
 
     def _raw_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
-        """DESIGN §3.8 raw logprobs (processed mode is 0.0 for greedy rows, §3.8)."""
+        """DESIGN §3.8 logprobs: raw, or in processed mode 0.0 (-inf for an invalid row); the
+        top-N raw in both."""
         rows = tokens.numel()
-        raw = torch.log_softmax(
-            logits.float().nan_to_num(float("-inf"), float("inf"), float("-inf")), -1)
-        if self._logprobs is not None:
-            if self.config.logprobs_mode == "processed":
-                self._logprobs[:rows].zero_()
-            else:
-                self._logprobs[:rows].copy_(raw.gather(1, tokens.long().unsqueeze(1)).squeeze(1))
-        if self._top_values is not None:
-            top = raw.topk(self._top_values.size(1), dim=-1)
-            self._top_values[:rows].copy_(top.values)
-            self._top_ids[:rows].copy_(top.indices)
+        processed = self.config.logprobs_mode == "processed"
+        raw_logprobs_at(logits, tokens, None if processed else self._logprobs,
+                        self._top_values, self._top_ids)
+        if processed and self._logprobs is not None:
+            self._logprobs[:rows].zero_().masked_fill_(self.invalid_rows[:rows], float("-inf"))
 
     def verify(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo,
                candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
