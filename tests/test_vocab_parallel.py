@@ -186,3 +186,53 @@ def test_vocab_parallel_benchmark_runs_on_gloo(tmp_path):
     assert child.returncode == 0, child.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 8 and all(r["same_tokens"] for r in rows)
+
+
+def _one_rank_sampler(tmp_path, max_bs=2, n=3):
+    """A VocabParallelSampler of one rank holding the whole vocabulary (a gloo group of one)."""
+    import tokensampler as ts
+    from tokensampler.vocab_parallel import VocabParallelSampler
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    b = ts.create_backend("gumbel", ts.SamplingBackendConfig(
+        max_bs=max_bs, max_draft_tokens_per_req=n, max_req_pool_size=max_bs, vocab_size=V,
+        device="cpu"))
+    b.prepare_step(["a", "b"][:max_bs], list(range(1, max_bs + 1)),
+                   [ts.SamplingParams(seed=3, temperature=0.8)] * max_bs, num_tokens_per_req=n)
+    info = ts.SamplingBatchInfo(torch.arange(1, max_bs + 1, dtype=torch.int32),
+                                torch.zeros(max_bs + 1, dtype=torch.int32), V, "cpu")
+    return b, VocabParallelSampler(b, 0, V), info
+
+
+def test_bad_inputs_are_refused_as_the_backend_refuses_them(tmp_path):
+    """The sampler runs the backend's checks (one validation): batch and draft sizes, the shard
+    width, int64 ids outside int32 (saturated, so rejected like any id outside [0, V), not
+    wrapped into the vocabulary), and draft_probs / token_bitmask (refused, not ignored)."""
+    import tokensampler as ts
+
+    b, sampler, info = _one_rank_sampler(tmp_path)
+    try:
+        out = lambda rows, width=V: ts.LogitsProcessorOutput(torch.randn(rows, width))  # noqa: E731
+        with pytest.raises(ValueError, match="max_bs=2"):
+            sampler.sample(out(3), info)
+        with pytest.raises(ValueError, match="shard_size=1001"):
+            sampler.sample(out(2, V - 1), info)
+        with pytest.raises(ValueError, match="max_draft_tokens_per_req=3"):
+            sampler.verify(out(8), info, torch.zeros(2, 4, dtype=torch.int32))
+        with pytest.raises(ValueError, match="candidates shape"):
+            sampler.verify(out(3), info, torch.zeros(2, 3, dtype=torch.int32))
+        probs = ts.SamplingBatchInfo(info.req_pool_indices, info.valid_cache_lengths, V, "cpu",
+                                     draft_probs=torch.full((2, 2, V), 1.0 / V))
+        with pytest.raises(ValueError, match="draft_probs"):
+            sampler.verify(out(6), probs, torch.zeros(2, 3, dtype=torch.int32))
+        logits = torch.randn(6, V)
+        first = b.verify(ts.LogitsProcessorOutput(logits.clone()), info,
+                         torch.zeros(2, 3, dtype=torch.int32))[0].view(2, 3)[:, 0].clone()
+        # request 0's first draft is its target token plus 2^32: an id no vocabulary holds
+        wide = torch.tensor([[0, int(first[0]) + 2**32, 0], [0, int(first[1]), 0]])
+        want = b.verify(ts.LogitsProcessorOutput(logits.clone()), info, wide)[1].tolist()
+        got = sampler.verify(ts.LogitsProcessorOutput(logits.clone()), info, wide)[1].tolist()
+        assert got == want and want[0] == 1 and want[1] >= 2
+    finally:
+        dist.destroy_process_group()

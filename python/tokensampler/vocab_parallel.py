@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import _C
+from .backends import checks
 from .backends.gumbel import GumbelSamplingBackend
 from .batch import LogitsProcessorOutput, SamplingBatchInfo
 from .logprobs import raw_logprob_given, raw_values
@@ -185,18 +186,21 @@ class VocabParallelSampler:
             b.slots.history_capacity, b.slots.bias_capacity, n, None, False, 0, int(b._route), 0,
             out, b.invalid_rows[:count], None, None, None, b._workspace)
 
-    # ---- public ----
-    def sample_rows(self, shard_logits: torch.Tensor, info: SamplingBatchInfo, n: int = 1,
-                    candidates: torch.Tensor | None = None) -> torch.Tensor:
-        """Tokens int32[rows] for shard logits [rows, shard_size] (rows = bs * n)."""
-        b = self.backend
-        if info.token_bitmask is not None:
+    # ---- the step ----
+    def _checked(self, logits_output: LogitsProcessorOutput, info: SamplingBatchInfo,
+                 n: int) -> torch.Tensor:
+        """The shard logits, after the backend's checks of them and of `info`."""
+        if isinstance(info, SamplingBatchInfo) and info.token_bitmask is not None:
             # Refused, not ignored: the shard would need its slice of the bits (DESIGN §3.0).
             raise ValueError("token_bitmask is not supported by vocab-parallel sampling yet: "
                              "mask the shard's logits before calling it")
-        if shard_logits.dim() != 2 or shard_logits.size(1) != self.shard_size:
-            raise ValueError(f"shard logits shape {tuple(shard_logits.shape)} is not "
-                             f"[rows, shard_size={self.shard_size}]")
+        return self.backend._checked_logits(logits_output, info, n,
+                                            columns=("shard_size", self.shard_size))
+
+    def _sample_rows(self, shard_logits: torch.Tensor, info: SamplingBatchInfo, n: int,
+                     candidates: torch.Tensor | None) -> torch.Tensor:
+        """Tokens int32[rows] for checked shard logits [rows, shard_size] (rows = bs * n)."""
+        b = self.backend
         rows = shard_logits.size(0)
         processed = torch.empty(rows, self.shard_size, dtype=torch.float32, device=shard_logits.device)
         torch.ops.tokensampler.penalize_logits(
@@ -224,6 +228,7 @@ class VocabParallelSampler:
             self._finish(self._full_rows(processed), info, n, out)
         return out
 
+    # ---- public ----
     def raw_logprobs(self, shard_logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """DESIGN §3.8's raw logprob at `tokens`, from two all-reduces of the shards' partials."""
         x = raw_values(shard_logits)
@@ -241,11 +246,11 @@ class VocabParallelSampler:
     def sample(self, logits_output: LogitsProcessorOutput, info: SamplingBatchInfo
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """`backend.sample` for a shard: same tokens on every rank, history recorded."""
-        shard = logits_output.next_token_logits
+        shard = self._checked(logits_output, info, 1)
         bs = shard.size(0)
         b = self.backend
         tokens, lengths = b._packed[0, :bs], b._packed[1, :bs]
-        tokens.copy_(self.sample_rows(shard, info))
+        tokens.copy_(self._sample_rows(shard, info, 1, None))
         lengths.fill_(1)
         b._record_history(info, tokens, lengths, 1)
         if b._logprobs is not None:
@@ -258,10 +263,19 @@ class VocabParallelSampler:
         """`backend.verify` (target-sampled chain matching) for a shard: verify row j sees
         drafts 1..j in its penalties, exactly as the unsharded backend does."""
         b = self.backend
-        n = candidates.size(1)
-        candidates = candidates.to(torch.int32).contiguous()
+        if isinstance(info, SamplingBatchInfo) and info.draft_probs is not None:
+            # Refused, not ignored: rejection sampling would need the shards' target masses.
+            raise ValueError("draft_probs is not supported by vocab-parallel verify yet: it "
+                             "verifies by target-sampled chain matching only")
+        candidates = checks.check_candidates(candidates, b.device,
+                                             b.config.max_draft_tokens_per_req)
+        bs, n = candidates.shape
+        shard = self._checked(logits_output, info, n)
         rows = candidates.numel()
-        target = self.sample_rows(logits_output.next_token_logits, info, n, candidates)
+        if rows != shard.size(0):
+            raise ValueError(f"candidates shape {(bs, n)} does not match {shard.size(0)} "
+                             f"logits rows")
+        target = self._sample_rows(shard, info, n, candidates)
         predict, accept = b._packed[0, :rows], b._packed[1, :candidates.size(0)]
         torch.ops.tokensampler.verify_chain(candidates, target, predict, accept)
         b._record_history(info, predict, accept, n)

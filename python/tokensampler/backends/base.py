@@ -153,8 +153,10 @@ class SamplingBackend(ABC):
         return apply_token_bitmask(logits, sampling_info.token_bitmask, self._bitmask_scratch)
 
     def _checked_logits(self, logits_output: LogitsProcessorOutput,
-                        sampling_info: SamplingBatchInfo, rows_per_req: int) -> torch.Tensor:
-        """The step's logits, after every check of the logits and of sampling_info."""
+                        sampling_info: SamplingBatchInfo, rows_per_req: int,
+                        columns: tuple[str, int] | None = None) -> torch.Tensor:
+        """The step's logits, after every check of the logits and of sampling_info. `columns`
+        (name, count): the logits' width when it is not the vocabulary's (a vocabulary shard)."""
         if not isinstance(logits_output, LogitsProcessorOutput):
             raise TypeError(f"logits_output must be a LogitsProcessorOutput, got "
                             f"{type(logits_output).__name__}")
@@ -166,9 +168,10 @@ class SamplingBackend(ABC):
                              f"config.device is {self.device}")
         if logits.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise TypeError(f"next_token_logits dtype {logits.dtype} is not float32/float16/bfloat16")
-        if logits.dim() != 2 or logits.size(1) != self.config.vocab_size:
+        name, width = columns or ("vocab_size", self.config.vocab_size)
+        if logits.dim() != 2 or logits.size(1) != width:
             raise ValueError(f"next_token_logits shape {tuple(logits.shape)} is not "
-                             f"[rows, vocab_size={self.config.vocab_size}]")
+                             f"[rows, {name}={width}]")
         rows = logits.size(0)
         if rows_per_req > self.config.max_draft_tokens_per_req:
             raise ValueError(f"{rows_per_req} tokens per request exceeds "
