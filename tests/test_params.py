@@ -79,3 +79,25 @@ def test_unknown_backend_lists_names():
     with pytest.raises(ValueError, match="gumbel_full"):
         ts.create_backend("nope", cfg)
     assert {"greedy", "gumbel", "gumbel_full"} <= set(ts.available_backends())
+
+
+@pytest.mark.parametrize("penalty", [dict(repetition_penalty=2.0), dict(frequency_penalty=0.5),
+                                     dict(presence_penalty=-0.5)])
+def test_penalties_without_history_are_refused_naming_the_capacity(penalty):
+    """gumbel_full built with penalty_history_capacity=0 keeps no token history (prompt or
+    output): a penalty, which would read it, is refused at prepare_step, before any slot
+    changes; logit bias, which needs none, is served."""
+    import torch
+
+    b = ts.create_backend("gumbel_full", ts.SamplingBackendConfig(
+        max_bs=2, max_req_pool_size=4, vocab_size=64, device="cpu", penalty_history_capacity=0))
+    before = b.slots.table.clone()
+    with pytest.raises(ValueError, match="penalty_history_capacity=0"):
+        b.prepare_step(["a", "b"], [1, 2], [ts.SamplingParams(), ts.SamplingParams(**penalty)],
+                       prompt_token_ids=[[5], [5]])
+    assert torch.equal(b.slots.table, before) and b.slots.owner(1) is None
+    b.prepare_step(["a"], [1], [ts.SamplingParams(temperature=0.0, logit_bias={7: 100.0})])
+    logits = torch.zeros(1, 64)
+    info = ts.SamplingBatchInfo(torch.tensor([1], dtype=torch.int32),
+                                torch.zeros(5, dtype=torch.int32), 64, "cpu")
+    assert b.sample(ts.LogitsProcessorOutput(logits), info)[0].tolist() == [7]

@@ -24,7 +24,7 @@ from ..graphs import (
 from ..params import SamplingParams
 from .base import SamplingBackend
 from . import checks
-from .slot_params import to_slot_params, unsupported_field
+from .slot_params import penalty_field, to_slot_params, unsupported_field
 
 __all__ = ["GumbelSamplingBackend"]
 
@@ -183,6 +183,10 @@ class GumbelSamplingBackend(SamplingBackend):
         if not self._FULL and (field := unsupported_field(sp)) is not None:
             raise ValueError(f"rid={rid!r}: backend {self._NAME!r} does not apply {field}; "
                              f"use {self._NAME + '_full'!r}")
+        if self._FULL and self.slots.history_capacity == 0 and (field := penalty_field(sp)):
+            # Refused, not ignored: no history (prompt or output) is kept for it to read.
+            raise ValueError(f"rid={rid!r}: {field} needs the slot's token history, but this "
+                             f"backend was built with penalty_history_capacity=0")
         if sp.logit_bias and len(sp.logit_bias) > self.slots.bias_capacity:
             raise ValueError(f"rid={rid!r}: logit_bias has {len(sp.logit_bias)} entries, more "
                              f"than logit_bias_capacity={self.slots.bias_capacity}")

@@ -13,15 +13,23 @@ def seed_for(sp: SamplingParams, rid: str) -> int:
     return int(sp.seed) if sp.seed is not None else derive_seed(rid)
 
 
+def penalty_field(sp: SamplingParams) -> str | None:
+    """The first penalty of `sp` (normalised) that is not neutral, or None: what reads the
+    slot's token history."""
+    for name, neutral in (("repetition_penalty", 1.0), ("frequency_penalty", 0.0),
+                          ("presence_penalty", 0.0)):
+        if getattr(sp, name) != neutral:
+            return f"{name}={getattr(sp, name)}"
+    return None
+
+
 def unsupported_field(sp: SamplingParams) -> str | None:
     """The first field of `sp` (normalised) that asks for more than temperature, top-k, top-p
     and seed, or None: what a backend without penalties, bias and min-p cannot honour."""
     if sp.min_p > 0.0:
         return f"min_p={sp.min_p}"
-    for name, neutral in (("repetition_penalty", 1.0), ("frequency_penalty", 0.0),
-                          ("presence_penalty", 0.0)):
-        if getattr(sp, name) != neutral:
-            return f"{name}={getattr(sp, name)}"
+    if (field := penalty_field(sp)) is not None:
+        return field
     if sp.logit_bias:
         return f"logit_bias with {len(sp.logit_bias)} entries"
     return None
