@@ -169,6 +169,10 @@ def _bad_variants():
     yield "sample_rows", "short out_invalid", s[:13] + [s[13][:2]] + s[14:]
     yield "sample_rows", "rows not a multiple of n", s[:6] + [3] + s[7:]
     yield "sample_rows", "int64 workspace", s[:17] + [s[17].long()]
+    t = list(list(sample_rows_cases("cpu"))[1])  # the case with top-N outputs
+    rows = t[0].size(0)
+    yield "sample_rows", "top-N wider than the vocabulary", t[:15] + [
+        torch.empty(rows, V + 1), torch.empty(rows, V + 1, dtype=torch.int64)] + t[17:]
     c = list(next(verify_chain_cases("cpu")))
     yield "verify_chain", "1-D candidates", [c[0].view(-1)] + c[1:]
     yield "verify_chain", "short target", [c[0], c[1][:4]] + c[2:]

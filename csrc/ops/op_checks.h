@@ -146,6 +146,9 @@ inline void check_sample_rows_outputs(const at::Tensor& logits,
                           out_top_ids->device() == logits.device(),
                       "out_top_values / out_top_ids must be contiguous [rows, N] on ",
                       logits.device());
+    TORCH_CHECK_VALUE(holds(out_top_values->sym_size(1) <= logits.sym_size(1)),
+                      "out_top_values has N = ", out_top_values->sym_size(1),
+                      " columns, more than the ", logits.sym_size(1), " tokens of a row");
   }
 }
 
