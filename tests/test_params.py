@@ -23,6 +23,9 @@ def test_defaults_normalize_and_are_idempotent():
     ("presence_penalty", -3.0), ("presence_penalty", math.nan),
     ("repetition_penalty", 0.0), ("repetition_penalty", -1.0), ("repetition_penalty", math.inf),
     ("repetition_penalty", math.nan),
+    # finite as float64, out of range once stored as float32 (inf, or 0 where 0 is excluded)
+    ("temperature", 1e39), ("repetition_penalty", 1e39), ("repetition_penalty", 1e-46),
+    ("top_p", 1e-46),
     ("top_k", 0), ("top_k", -2), ("top_k", 2**31),
     ("seed", -1), ("seed", 2**64),
 ])
@@ -30,6 +33,12 @@ def test_out_of_range_field_raises_value_error_naming_it(field, value):
     sp = ts.SamplingParams(**{field: value})
     with pytest.raises(ValueError, match=field):
         sp.normalize(100)
+
+
+def test_float32_edge_values_are_kept():
+    """Values float32 holds (its largest finite value, its smallest denormal) are accepted."""
+    ts.SamplingParams(temperature=3.4028234e38, repetition_penalty=1.4e-45,
+                      top_p=1.4e-45).normalize(100)
 
 
 @pytest.mark.parametrize("field,value", [

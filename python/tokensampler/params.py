@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import struct
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -33,12 +34,27 @@ def _check_number(name: str, value, low, high, low_inc, high_inc) -> float:
         raise ValueError(f"{name}={value} is outside [{low}, {high}]") from None
     if math.isnan(value):
         raise ValueError(f"{name}=nan is not a number")
-    ok_low = value >= low if low_inc else value > low
-    ok_high = value <= high if high_inc else value < high
-    if not (ok_low and ok_high):
-        lb, hb = "[" if low_inc else "(", "]" if high_inc else ")"
+    lb, hb = "[" if low_inc else "(", "]" if high_inc else ")"
+    if not _within(value, low, high, low_inc, high_inc):
         raise ValueError(f"{name}={value} is outside {lb}{low}, {high}{hb}")
+    # Slots hold float32: a value that float32 rounds out of the range (to inf, or to 0 where 0
+    # is excluded) would change meaning there.
+    stored = _as_float32(value)
+    if not _within(stored, low, high, low_inc, high_inc):
+        raise ValueError(f"{name}={value} is stored as float32 {stored}, outside "
+                         f"{lb}{low}, {high}{hb}")
     return value
+
+
+def _within(value: float, low, high, low_inc: bool, high_inc: bool) -> bool:
+    return (value >= low if low_inc else value > low) and (value <= high if high_inc else value < high)
+
+
+def _as_float32(value: float) -> float:
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:  # beyond float32's largest finite value after rounding
+        return math.copysign(math.inf, value)
 
 
 def derive_seed(rid: str) -> int:
