@@ -105,11 +105,9 @@ PYBIND11_MODULE(_C, m) {
       py::arg("history_len") = int(tokensampler::kColHistoryLen),
       py::arg("bias_len") = int(tokensampler::kColBiasLen));
   // Stream ids of the keyed generator (tokensampler/rng.h), for gumbel_noise callers.
-  m.attr("RNG_STREAMS") = py::dict(py::arg("gumbel") = int(tokensampler::kStreamGumbel),
-                                   py::arg("accept_coin") = int(tokensampler::kStreamAcceptCoin),
-                                   py::arg("residual") = int(tokensampler::kStreamResidual));
-  m.def("select_route", &tokensampler::select_route, py::arg("params"), py::arg("vocab_size"),
-        py::arg("with_min_p"));
+  m.attr("RNG_STREAMS") = py::dict(py::arg("gumbel") = int(tokensampler::kStreamGumbel));
+  m.def("is_top_k_route", &tokensampler::is_top_k_route, py::arg("route"));
+  m.attr("SPLIT_ROW_MAX_TOP_K") = int(tokensampler::kSplitRowMaxTopK);
 
   py::class_<SlotStateManager>(m, "SlotStateManager",
                                "Per-slot sampling state: owners, flips, the device slot table.")

@@ -26,7 +26,6 @@ def full():
 
 def test_greedy_has_no_pool_state():
     b = ts.create_backend("greedy", make_config())
-    assert not b._HAS_POOL_STATE
     assert not hasattr(b, "slots")
     b.prepare_step(["a", "b"], [1, 2], [sp(), sp(temperature=0.5)])
     # no state, but the same validation as every backend

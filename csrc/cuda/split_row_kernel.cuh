@@ -1,5 +1,5 @@
 // Device code of the split-row fast path of sample_rows (launch code: split_row_sample.cu).
-// Rows: no filter, or top-k (k <= kSplitMaxTopK) with optional top-p / min-p inside the top-k
+// Rows: no filter, or top-k (k <= kSplitRowMaxTopK) with optional top-p / min-p inside the top-k
 // set; penalties and bias (with the drafts of verify rows) looked up per token.
 //
 // Kernel 1 (chunk): a row is cut into `splits` chunks, one block each, so a small batch still
@@ -42,6 +42,7 @@
 #include "penalty_lookup.cuh"
 #include "row_outputs.cuh"
 #include "tokensampler/rng.h"
+#include "tokensampler/route.h"
 #include "tokensampler/row_rules.h"
 #include "tokensampler/slot_layout.h"
 
@@ -54,13 +55,12 @@ constexpr int kChunkBlocksPerSm = 4;
 constexpr int kFinishThreads = 512;
 constexpr int kLoadsInFlight = 4;  // 16-byte loads per thread per round (bytes in flight per SM)
 constexpr int kRoundTokens = kChunkThreads * 4 * kLoadsInFlight;
-constexpr int kSplitMaxTopK = 512;
 constexpr int kCompactAt = 512;                        // buffer entries that trigger a cut to k
 constexpr int kBufferCap = kCompactAt + kRoundTokens;  // room for one more round
 constexpr int kMergeCap = 4096;                        // finish kernel: splits * k_cap at most
 constexpr int kMaxSplits = 64;        // two-kernel launch, and top-k rows of the single launch
 constexpr int kFusedMaxSplits = 256;  // single launch, rows without top-k: fill the GPU at bs 1
-static_assert(kBufferCap - kMergeCap >= kSplitMaxTopK,
+static_assert(kBufferCap - kMergeCap >= kSplitRowMaxTopK,
               "the single launch's finishing block scans top-p masses behind its merge buffer");
 constexpr float kLn2 = 0.693147180559945f;
 
@@ -433,7 +433,7 @@ __device__ __forceinline__ float raw_logprob(float raw, int32_t inf_count, float
 // the single launch).
 struct FinishSmem {
   Candidate* buf;       // kMergeCap entries (top-k steps only)
-  unsigned long long* scan_storage;  // kSplitMaxTopK words (top-k steps with top-p only)
+  unsigned long long* scan_storage;  // kSplitRowMaxTopK words (top-k steps with top-p only)
   Candidate* scratch;   // kThreads / 32
   Partial* partials;    // kThreads / 32
   float* red_m;         // kThreads / 32
@@ -498,7 +498,7 @@ __device__ __forceinline__ void finish_row(const T* __restrict__ logits, const A
       __syncthreads();
       bitonic_sort<kThreads>(sm.buf, n);
     }
-    token = sample_ranked_prefix<kThreads, kSplitMaxTopK>(sm.buf, m, p, z_max, sm.scan_storage,
+    token = sample_ranked_prefix<kThreads, kSplitRowMaxTopK>(sm.buf, m, p, z_max, sm.scan_storage,
                                                          sm.keep_count, sm.scratch);
   }
   if (threadIdx.x == 0) {
@@ -715,7 +715,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
 template <typename T>
 __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restrict__ logits, Args a) {
   __shared__ Candidate buf[kMergeCap];
-  __shared__ unsigned long long scan_storage[kSplitMaxTopK];
+  __shared__ unsigned long long scan_storage[kSplitRowMaxTopK];
   __shared__ Candidate scratch[kFinishThreads / 32];
   __shared__ Partial partials[kFinishThreads / 32];
   __shared__ float red_m[kFinishThreads / 32], red_s[kFinishThreads / 32];

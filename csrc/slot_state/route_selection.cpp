@@ -36,12 +36,6 @@ const char* route_name(Route route) {
   return "generic";
 }
 
-std::optional<Route> route_from_name(const std::string& name) {
-  for (const auto& [r, n] : kRouteNames)
-    if (name == n) return r;
-  return std::nullopt;
-}
-
 Route select_route(const std::vector<SlotParams>& params, int64_t vocab_size, bool with_min_p) {
   int shared = -1;
   for (const auto& p : params) {

@@ -2,8 +2,6 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -21,14 +19,9 @@ struct SlotParams {
   float presence_penalty = 0.0f;
   uint64_t seed = 0;
   std::vector<std::pair<int64_t, float>> logit_bias;
-
-  bool has_penalties() const {
-    return repetition_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f;
-  }
 };
 
 const char* route_name(Route route);
-std::optional<Route> route_from_name(const std::string& name);
 
 // Route of a step: the filter set every non-greedy row shares, or generic when they differ.
 // `with_min_p` is false for backends that ignore min-p.

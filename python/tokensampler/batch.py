@@ -17,6 +17,7 @@ class SamplingBatchInfo:
     valid_cache_lengths: torch.Tensor
     vocab_size: int
     device: torch.device | str
+    # Accepted and ignored: the kernels find greedy rows from the slots' parameters.
     is_all_greedy: bool = False
     # float [bs, n-1, V]: draft probabilities; switches verify to rejection sampling.
     draft_probs: torch.Tensor | None = None

@@ -19,6 +19,7 @@ LOGPROBS_MODES = ("raw", "processed")
 
 @dataclass
 class SamplingBackendConfig:
+    # Accepted for the contract's sake and ignored: NaN logits always count as -inf (DESIGN §3.1).
     enable_nan_detection: bool = False
     # Sampled-token logprobs (next_token_logprobs); off by default so the fast path does no extra work.
     enable_output_logprobs: bool = False
@@ -29,6 +30,8 @@ class SamplingBackendConfig:
     max_req_pool_size: int = 0
     vocab_size: int = 0
     device: torch.device | str | None = None
+    # Type-checked and otherwise unused: seeds come from SamplingParams.seed, or are derived
+    # from the request id (params.derive_seed), so they do not depend on the backend.
     random_seed: int = DEFAULT_RANDOM_SEED
     # Attention-TP group for sampler-output broadcast (rank tp_group[0] wins).
     tp_group: tuple[int, ...] | None = None
@@ -43,8 +46,9 @@ class SamplingBackendConfig:
     penalty_history_capacity: int = 4096
     # Logit-bias entries per request (gumbel_full).
     logit_bias_capacity: int = 256
-    # Accept SamplingBatchInfo.token_bitmask (grammar masks): allocates, once, an fp32 copy of
-    # the logits rows and the unpacked bits (~9 bytes per row and token) that masked steps use.
+    # Accept SamplingBatchInfo.token_bitmask (grammar masks). Backends that mask outside the
+    # kernels (the FlashInfer adapters; greedy with logprobs) allocate, once, an fp32 copy of the
+    # logits rows and the unpacked bits (~9 bytes per row and token); the others nothing.
     enable_token_bitmask: bool = False
 
     @property

@@ -134,12 +134,3 @@ class SamplingParams:
                 raise ValueError(f"logit_bias[{token}]=nan is not a number")
             out[token] = value
         return out
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
-
-    @property
-    def has_penalties(self) -> bool:
-        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
-                or self.presence_penalty != 0.0)

@@ -36,7 +36,6 @@ from .logprobs import raw_logprob_given, raw_values
 __all__ = ["VocabParallelSampler"]
 
 _LOCAL_ARGMAX_ROUTES = (_C.Route.NO_FILTER, _C.Route.MIN_P)
-_CANDIDATE_ROUTES = (_C.Route.TOP_K, _C.Route.TOP_K_TOP_P, _C.Route.TOP_K_TOP_P_MIN_P)
 
 
 class VocabParallelSampler:
@@ -220,7 +219,7 @@ class VocabParallelSampler:
             invalid = row_max == float("-inf")
             out.copy_(torch.where(greedy, greedy_best, sampled).masked_fill(invalid, 0))
             b.invalid_rows[:rows].copy_(invalid)
-        elif route in _CANDIDATE_ROUTES and b.step_max_top_k <= self.max_candidates:
+        elif _C.is_top_k_route(route) and b.step_max_top_k <= self.max_candidates:
             self._finish(self._candidate_rows(processed, temperature, b.step_max_top_k)[0], info, n, out)
         elif route == _C.Route.TOP_P:
             self._finish(self._nucleus_rows(processed, temperature, greedy), info, n, out)

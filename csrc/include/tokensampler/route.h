@@ -27,4 +27,9 @@ inline constexpr bool is_top_k_route(Route route) {
   return route == Route::kTopK || route == Route::kTopKTopP || route == Route::kTopKTopPMinP;
 }
 
+// The largest step top-k the CUDA split-row path serves (one read of each row); a top-k route
+// with a larger k takes the histogram-cut path. The Python layer picks CUDA-graph variants by it
+// (_C.SPLIT_ROW_MAX_TOP_K).
+inline constexpr int32_t kSplitRowMaxTopK = 512;
+
 }  // namespace tokensampler

@@ -28,10 +28,6 @@ class SamplingBackend(ABC):
     the calls CUDA-graph capturable. Copy them if you keep them.
     """
 
-    # Backends that keep per-slot state (scalars, penalty history, bias) set this, and
-    # prepare_step then performs flip detection through the SlotStateManager.
-    _HAS_POOL_STATE: bool = False
-
     def __init__(self, config: SamplingBackendConfig) -> None:
         self.config = config.validate()
         device = config.torch_device

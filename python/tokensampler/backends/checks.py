@@ -43,11 +43,10 @@ def _sequence(value, name: str) -> Sequence:
 class StepRequests:
     """prepare_step's per-request lists after validation: request ids as str, slots as int."""
 
-    __slots__ = ("rids", "slots", "params", "prompts", "tokens_per_req")
+    __slots__ = ("rids", "slots", "params", "prompts")
 
-    def __init__(self, rids, slots, params, prompts, tokens_per_req):
-        self.rids, self.slots, self.params = rids, slots, params
-        self.prompts, self.tokens_per_req = prompts, tokens_per_req
+    def __init__(self, rids, slots, params, prompts):
+        self.rids, self.slots, self.params, self.prompts = rids, slots, params, prompts
 
 
 def check_step(config: SamplingBackendConfig, request_ids, request_pool_indices,
@@ -88,8 +87,7 @@ def check_step(config: SamplingBackendConfig, request_ids, request_pool_indices,
         owner_of[slot] = rids[i]
         slots.append(slot)
     return StepRequests(rids, slots, list(sampling_params_list),
-                        None if prompt_token_ids is None else list(prompt_token_ids),
-                        tokens_per_req)
+                        None if prompt_token_ids is None else list(prompt_token_ids))
 
 
 def check_params(sp, rid: str, vocab_size: int) -> SamplingParams:
@@ -184,7 +182,7 @@ def check_token_bitmask(config: SamplingBackendConfig, device: torch.device, bit
     enable_token_bitmask."""
     if isinstance(bitmask, torch.Tensor) and not config.enable_token_bitmask:
         raise ValueError("token_bitmask was given, but this backend was built with "
-                         "config.enable_token_bitmask=False (it allocates the masking buffers)")
+                         "config.enable_token_bitmask=False")
     _tensor(bitmask, "token_bitmask", device)
     words = bitmask_words(config.vocab_size)
     if tuple(bitmask.shape) != (rows, words):

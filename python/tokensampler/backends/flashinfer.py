@@ -85,10 +85,14 @@ class _FlashInferMixin:
         self._emitted = torch.zeros(cfg.max_bs, dtype=torch.int32, device=self.device)
         self._accepted = torch.zeros(cfg.max_bs, dtype=torch.int32, device=self.device)
 
+    def _top_k_top_p_probs(self, z, top_k, top_p):
+        """softmax, then top-k and top-p renormalisation, per row."""
+        return self._fs.top_p_renorm_probs(
+            self._fs.top_k_renorm_probs(torch.softmax(z, -1), top_k), top_p)
+
     def _filtered_probs(self, z, top_k, top_p, min_p):
         """The kept distribution per row: softmax, top-k, top-p, min-p renormalisation."""
-        probs = self._fs.top_k_renorm_probs(torch.softmax(z, -1), top_k)
-        probs = self._fs.top_p_renorm_probs(probs, top_p)
+        probs = self._top_k_top_p_probs(z, top_k, top_p)
         if self._FULL:
             keep = probs >= min_p.unsqueeze(1) * probs.amax(-1, keepdim=True)
             probs = probs * keep
@@ -111,9 +115,8 @@ class _FlashInferMixin:
         if self._route == _C.Route.NO_FILTER:
             sampled = fs.sampling_from_logits(z, seed=seed, offset=offset)
         elif self._FULL and self._route in _ROUTES_WITH_MIN_P:
-            probs = torch.softmax(z, -1)
-            probs = fs.top_p_renorm_probs(fs.top_k_renorm_probs(probs, top_k), top_p)
-            sampled = fs.min_p_sampling_from_probs(probs, min_p, seed=seed, offset=offset)
+            sampled = fs.min_p_sampling_from_probs(self._top_k_top_p_probs(z, top_k, top_p),
+                                                   min_p, seed=seed, offset=offset)
         else:
             sampled = fs.top_k_top_p_sampling_from_logits(z, top_k, top_p, seed=seed, offset=offset)
         argmax = self._argmax[:rows]

@@ -12,8 +12,6 @@ __all__ = ["GreedySamplingBackend"]
 
 
 class GreedySamplingBackend(SamplingBackend):
-    _HAS_POOL_STATE = False
-
     def sample(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo
                ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self._checked_logits(logits_output, sampling_info, 1)

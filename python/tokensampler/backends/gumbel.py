@@ -49,11 +49,6 @@ class _Admitted(NamedTuple):
     max_top_k: int             # its k for step_max_top_k: V without top-k, 1 for greedy
 
 
-# Largest top-k the CUDA split-row fast path serves (csrc/cuda/split_row_kernel.cuh); steps with
-# a larger k replay the default (generic) graph.
-SPLIT_ROW_MAX_TOP_K = 512
-_TOP_K_ROUTES = (_C.Route.TOP_K, _C.Route.TOP_K_TOP_P, _C.Route.TOP_K_TOP_P_MIN_P)
-
 _VARIANT_ROUTES = {
     CUDA_GRAPH_VARIANT_DEFAULT: _C.Route.GENERIC,
     CUDA_GRAPH_VARIANT_NO_FILTER: _C.Route.NO_FILTER,
@@ -65,7 +60,6 @@ _VARIANT_ROUTES = {
 
 
 class GumbelSamplingBackend(SamplingBackend):
-    _HAS_POOL_STATE = True
     # What the full backend adds; the plain one refuses min-p, penalties and bias.
     _FULL = False
     _NAME = "gumbel"
@@ -212,12 +206,13 @@ class GumbelSamplingBackend(SamplingBackend):
         if variant not in self.cuda_graph_capture_variants(num_tokens_per_req):
             raise ValueError(f"Unsupported CUDA graph variant: {variant!r}")
         self._route = self._variant_routes()[variant]
-        # A captured top-k graph must serve any k its replays will see.
-        self.step_max_top_k = SPLIT_ROW_MAX_TOP_K
+        # A captured top-k graph must serve any k its replays will see: up to the split-row
+        # path's largest (steps with a larger k replay the default, generic graph).
+        self.step_max_top_k = _C.SPLIT_ROW_MAX_TOP_K
 
     def cuda_graph_replay_variant(self, num_tokens_per_req: int) -> str:
         if self._route == _C.Route.GENERIC or (
-                self._route in _TOP_K_ROUTES and self.step_max_top_k > SPLIT_ROW_MAX_TOP_K):
+                _C.is_top_k_route(self._route) and self.step_max_top_k > _C.SPLIT_ROW_MAX_TOP_K):
             return CUDA_GRAPH_VARIANT_DEFAULT
         if self._route == _C.Route.NO_FILTER and num_tokens_per_req > 1:
             return CUDA_GRAPH_VARIANT_VERIFY_NO_FILTER
@@ -248,7 +243,7 @@ class GumbelSamplingBackend(SamplingBackend):
         """The ops' (route, max_top_k): the step's route, and for top-k routes its largest k
         (0, "unknown", otherwise). They pick a CUDA kernel and never change tokens."""
         max_top_k = (min(self.step_max_top_k, self.config.vocab_size)
-                     if self._route in _TOP_K_ROUTES else 0)
+                     if _C.is_top_k_route(self._route) else 0)
         return int(self._route), max_top_k
 
     def _record_history(self, sampling_info, tokens, lengths, n) -> None:
