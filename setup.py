@@ -3,7 +3,7 @@
 Environment:
   TOKENSAMPLER_CUDA=0|1   force the CUDA kernels off or on (default: on when torch is a CUDA
                           build and nvcc is found through CUDA_HOME or PATH)
-  TORCH_CUDA_ARCH_LIST    CUDA architectures (default "9.0")
+  TORCH_CUDA_ARCH_LIST    CUDA architectures (default "9.0", set in CMakeLists.txt)
   MAX_JOBS                parallel compile jobs
 Build against the installed torch: pip install --no-build-isolation .
 """
@@ -96,7 +96,6 @@ class CMakeBuild(build_ext):
                 if nvrtc:
                     args.append(f"-DCUDA_nvrtc_LIBRARY={nvrtc[0]}")
         env = dict(os.environ)
-        env.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
         if cuda_home is not None:
             env.setdefault("CUDA_HOME", str(cuda_home))
         jobs = env.get("MAX_JOBS", str(os.cpu_count() or 1))
