@@ -65,8 +65,9 @@ void SlotStateManager::validate(
         throw value_error("request_pool_indices[", i, "]=", pool_indices[i],
                           " is given to two requests in one step (", request_ids[j], ", ",
                           request_ids[i], ")");
-    // Parameter values are validated once, in Python (SamplingParams.normalize); what is
-    // checked here protects memory: list sizes and token ids the kernels index with.
+    // Parameter values are validated once, in Python (SamplingParams.normalize). What is
+    // checked here keeps the table sound for any caller of this class: list sizes and token
+    // ids the kernels index with, one request per slot, no NaN bias written to a slot.
     const SlotParams& p = params[i];
     if (static_cast<int64_t>(p.logit_bias.size()) > layout_.bias_capacity)
       throw value_error("request ", i, ": logit_bias has ", p.logit_bias.size(),
