@@ -17,7 +17,8 @@
 //   4. finish: sorts the list into rank order and resolves the cut exactly (top-p: kept while
 //      the mass before a token is below the limit; top-k: the first k, then top-p over their
 //      masses; both as the CPU reference; then min-p), and takes the best z + G.
-// Rows this cannot finish exactly (+inf logits, a list over kCutCap, top-k over kCountCutMaxK)
+// Rows this cannot finish exactly (+inf logits, raw or after bias; z_max past fp32's range; a
+// list over kCutCap; top-k over kCountCutMaxK)
 // run the one-block-per-row kernel's code (sample_kernel.cuh) inside the finish kernel.
 // Kernels 1–3 read whole chunks, so each comes in two instantiations picked at launch (as the
 // split-row chunk kernel): kMasked for a step with a grammar bitmask, and one without any
@@ -60,10 +61,13 @@ __device__ __forceinline__ bool uses_histogram(const RowParams& p) {
   return !p.greedy && (p.top_k_on || p.top_p < 1.0f);
 }
 
+// max_logit: the row's largest processed logit; inf_count: its raw +inf entries. Rows with a
+// +inf raw or processed logit (a +inf bias), or whose z_max is past fp32's range, run the
+// one-block-per-row kernel's code: the bins and masses assume a finite z_max.
 __device__ __forceinline__ int kind_of(const RowParams& p, float max_logit, int32_t inf_count) {
   if (max_logit == kNegInf) return kInvalid;
   if (p.greedy) return kGreedy;
-  if (inf_count > 0) return kFallback;
+  if (inf_count > 0 || !isfinite(scaled_logit(max_logit, p.temperature))) return kFallback;
   if (p.top_k_on) return p.top_k <= kCountCutMaxK ? kCountCut : kFallback;
   return p.top_p < 1.0f ? kMassCut : kNoCut;
 }
@@ -516,7 +520,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
       const int m = min(listed, p.top_k);
       auto* scan = reinterpret_cast<unsigned long long*>(sm.list + kCountCutMaxK);
       token = split_row::sample_ranked_prefix<kFinishThreads, kCountCutMaxK>(
-          sm.list, m, p, z_max, scan, &sm.keep_count, sm.scratch);
+          sm.list, m, p, z_max, false, scan, &sm.keep_count, sm.scratch);  // +inf rows: kFallback
     }
   }
   if (a.want_raw) block_merge_lse<kFinishThreads>(raw_m, raw_s, sm.red_m, sm.red_s);

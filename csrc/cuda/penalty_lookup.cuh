@@ -79,7 +79,7 @@ inline __device__ __noinline__ float penalize_token(const PenaltySource& src, in
   const int32_t bl = min(max(s.bias_len(), 0), s.layout.bias_capacity);
   const int32_t h = find_sorted(s.history_tokens(), hl, i);
   bool in_history = h >= 0 || s.in_prompt(i);
-  int32_t count = in_history ? s.history_counts()[h] : 0;
+  int32_t count = h >= 0 ? s.history_counts()[h] : 0;  // a prompt-only token has no output count
   for (int32_t k = 0; k < src.num_drafts; ++k) {
     if (src.drafts[k] == i) {
       in_history = true;

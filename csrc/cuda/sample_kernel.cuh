@@ -28,7 +28,6 @@
 namespace tokensampler::cuda {
 
 constexpr int kSampleThreads = 1024;
-constexpr int kSampleWarps = kSampleThreads / 32;
 constexpr int kBins = 2048;
 constexpr uint32_t kAllKey = 0xFFFFFFFFu;
 
@@ -168,7 +167,6 @@ struct RowPlan {
   int32_t p_id;
   float tau;           // min-p threshold on z
   int32_t inf_cut;     // +inf rows: keep +inf ids <= inf_cut
-  int32_t inf_keep;    // +inf rows: kept count
   // raw stats (when requested)
   float raw_max, raw_sum;
   int32_t raw_inf;
@@ -356,7 +354,6 @@ __device__ RowPlan plan_row(const LogitsRow<T>& x, const RowInput& row, SampleSm
   p.k_id = p.p_id = kNoId;
   p.tau = kNegInf;
   p.inf_cut = kNoId;
-  p.inf_keep = 0;
   p.z_max = 0.0f;
   p.fused = false;
   p.fused_token = 0;
@@ -423,7 +420,6 @@ __device__ RowPlan plan_row(const LogitsRow<T>& x, const RowInput& row, SampleSm
     for (int32_t j = threadIdx.x; j < m; j += kSampleThreads)
       if (f_div(static_cast<float>(j), mf) < row.top_p) ++keep;
     keep = max(block_sum(keep, sm.red_i), 1);
-    p.inf_keep = keep;
     if (keep < n_inf) {
       p.inf_cut = ordered_select(
           V, keep - 1, [&](int32_t i) { return load_processed(x, row, sm, i) == INFINITY; }, sm);

@@ -263,7 +263,7 @@ inline __device__ __noinline__ float gumbel_score(float x, float temperature, ui
 }
 
 // The per-group work every row kind shares: sanitises four logits (the loads already put -inf
-// past `end`), counts +inf (penalties keep +-inf, so raw and processed agree), folds the raw
+// past `end`), counts the raw +inf entries (raw logprobs; a bias can make more), folds the raw
 // (max, sum-exp) partials when wanted, and applies penalties / bias to the marked tokens.
 // Returns the group's largest processed logit; greedy rows (argmax != nullptr) also track the
 // argmax. The common group (finite logits, no penalties) costs a few min/max: fmaxf drops NaN,
@@ -382,17 +382,18 @@ struct RankedMasses {
 };
 
 // Gumbel-max over the first m (<= kMaxM) candidates of buf, in rank order (sorted when z_max is
-// +inf or top-p is on): +inf rows sample uniformly among their +inf tokens (top-p keeps the first
-// ceil(p * m_inf)); otherwise top-p over integer masses (as the CPU reference), then min-p.
-// `scan_storage` holds kMaxM 8-byte words.
+// +inf or top-p is on): rows with a +inf processed logit (inf_row) sample uniformly among their
+// +inf tokens (top-p keeps the first ceil(p * m_inf)); otherwise top-p over integer masses (as the
+// CPU reference), then min-p (z past fp32's range: every mass is 0, so the tokens at z = +inf tie
+// and the lowest id wins, as on the CPU). `scan_storage` holds kMaxM 8-byte words.
 template <int kThreads, int kMaxM>
 __device__ int32_t sample_ranked_prefix(const Candidate* buf, int m, const RowParams& p, float z_max,
-                                        unsigned long long* scan_storage, int32_t* keep_count,
-                                        Candidate* scratch) {
+                                        bool inf_row, unsigned long long* scan_storage,
+                                        int32_t* keep_count, Candidate* scratch) {
   constexpr int kPer = (kMaxM + kThreads - 1) / kThreads;
   using Masses = RankedMasses<kThreads, kPer>;
   static_assert(sizeof(typename Masses::Scan::TempStorage) <= kMaxM * sizeof(unsigned long long));
-  if (z_max == INFINITY) {
+  if (inf_row) {
     if (threadIdx.x == 0) {
       int m_inf = 0;
       while (m_inf < m && buf[m_inf].z == INFINITY) ++m_inf;
@@ -478,7 +479,8 @@ __device__ __forceinline__ void finish_row(const T* __restrict__ logits, const A
   } else if (p.greedy) {
     token = argmax.id;
   } else if (!p.top_k_on || a.k_cap == 0) {  // k_cap 0: a step whose route has no top-k (the
-    token = inf_count > 0 ? inf_best.id : best.id;  // chunks scored every row without it)
+    // chunks scored every row without it); a processed +inf (inf_best) wins over any score
+    token = inf_best.id != kNoId ? inf_best.id : best.id;
   } else {
     // The chunks' k_cap slots each (holes past a chunk's real candidates), then the row's exact
     // top-k set (m candidates) at buf[0, m).
@@ -498,8 +500,9 @@ __device__ __forceinline__ void finish_row(const T* __restrict__ logits, const A
       __syncthreads();
       bitonic_sort<kThreads>(sm.buf, n);
     }
-    token = sample_ranked_prefix<kThreads, kSplitRowMaxTopK>(sm.buf, m, p, z_max, sm.scan_storage,
-                                                         sm.keep_count, sm.scratch);
+    token = sample_ranked_prefix<kThreads, kSplitRowMaxTopK>(sm.buf, m, p, z_max,
+                                                             argmax.z == INFINITY, sm.scan_storage,
+                                                             sm.keep_count, sm.scratch);
   }
   if (threadIdx.x == 0) {
     a.out_tokens[r] = token;
@@ -595,7 +598,8 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
           continue;
         }
         const float z_est = x[q] * inv_t;  // against the best so far, this group's included
-        if (z_est + gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) >= fmaxf(bar, best.z))
+        // Scored unless surely below (a NaN bound, z = -inf past fp32's range, is scored).
+        if (!(z_est + gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) < fmaxf(bar, best.z)))
           best = best_of(best, Candidate{gumbel_score(x[q], p.temperature, w.v[q]), i + q});
       }
       if (kShareBest && best.z > bar) best_seen.raise(best.z);  // above the block's best: share it

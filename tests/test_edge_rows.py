@@ -1,0 +1,111 @@
+"""Rows at the edges of DESIGN §3 on every route (no filter, top-k, top-p, min-p, top-k + top-p:
+on CUDA the split-row, histogram-cut and one-block-per-row kernels), each asserting the token
+the CPU reference gives: a prompt-only token of a slot whose output history is full, a +inf
+bias on a finite logit, a raw +inf logit banned by a -inf bias, and z = l / T past fp32's range
+(DESIGN §5: the tokens at z = +inf tie, the lowest id wins)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tokensampler as ts
+
+V = 5000  # several chunks per row on the CUDA multi-block paths, not a multiple of a block
+ROUTES = {
+    "no_filter": dict(temperature=0.5),
+    "top_k": dict(temperature=0.5, top_k=5),
+    "top_p": dict(temperature=0.5, top_p=0.9),
+    "min_p": dict(temperature=0.5, min_p=0.1),
+    "top_k_top_p": dict(temperature=0.5, top_k=40, top_p=0.8),
+}
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+BS = 3
+
+
+def _backend(device, route, history=4096, **extra):
+    b = ts.create_backend("gumbel_full", ts.SamplingBackendConfig(
+        max_bs=BS, max_req_pool_size=BS, vocab_size=V, device=device,
+        penalty_history_capacity=history, enable_output_logprobs=True))
+    params = [ts.SamplingParams(seed=40 + i, **ROUTES[route], **extra) for i in range(BS)]
+    return b, params
+
+
+def _step(b, params, logits, position, prompts=None):
+    device = b.device
+    b.prepare_step([f"r{i}" for i in range(BS)], list(range(1, BS + 1)), params,
+                   prompt_token_ids=prompts)
+    info = ts.SamplingBatchInfo(torch.arange(1, BS + 1, dtype=torch.int32, device=device),
+                                torch.full((BS + 1,), position, dtype=torch.int32, device=device),
+                                V, device)
+    out = ts.LogitsProcessorOutput(logits.to(device))
+    tokens, _ = b.sample(out, info)
+    return tokens.cpu().tolist(), out.next_token_logprobs.cpu()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_prompt_only_token_keeps_a_zero_output_count_when_the_history_is_full(device, route):
+    """Outputs 10..13 fill a 4-entry history; prompt token 7 is repetition-penalised only
+    (40 / 1.1 = 36.4 beats token 20's 30 by 12.7 nats at T = 0.5). Reading an output count for
+    it (the history's last entry, 13: 36.4 - 0.5 * 13 < 30) would hand the row to token 20."""
+    b, params = _backend(device, route, history=4, repetition_penalty=1.1, frequency_penalty=0.5)
+    prompts = [[7]] * BS
+    for step, target in enumerate([10, 11, 12, 13]):
+        logits = torch.zeros(BS, V)
+        logits[:, target] = 100.0
+        assert _step(b, params, logits, step, prompts)[0] == [target] * BS
+        prompts = None  # read at the flip only
+    logits = torch.zeros(BS, V)
+    logits[:, 7], logits[:, 20] = 40.0, 30.0
+    assert _step(b, params, logits, 4)[0] == [7] * BS
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_plus_inf_bias_wins_over_finite_logits(device, route):
+    """A +inf bias makes a processed +inf entry (§3.1's +inf rule applies to processed logits):
+    the row samples among its +inf entries, here token 77 alone, whatever the raw logits."""
+    b, params = _backend(device, route, logit_bias={77: float("inf")})
+    logits = torch.randn(BS, V, generator=torch.Generator().manual_seed(1)) * 3
+    tokens, logprobs = _step(b, params, logits, 5)
+    assert tokens == [77] * BS
+    assert torch.isfinite(logprobs).all()  # raw logprobs: the raw row is finite
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_raw_plus_inf_banned_by_a_minus_inf_bias_is_never_sampled(device, route):
+    """+inf raw logit plus a -inf bias is NaN, which counts as -inf: the token is banned and the
+    row samples its finite tokens like any other (the raw logprob of a finite token is -inf:
+    the raw row has a +inf entry)."""
+    b, params = _backend(device, route, logit_bias={3: float("-inf")})
+    logits = torch.randn(BS, V, generator=torch.Generator().manual_seed(2)) * 3
+    logits[:, 3] = float("inf")
+    tokens, logprobs = _step(b, params, logits, 6)
+    cpu_b, cpu_params = _backend("cpu", route, logit_bias={3: float("-inf")})
+    assert tokens == _step(cpu_b, cpu_params, logits, 6)[0]
+    assert all(0 <= t < V and t != 3 for t in tokens)
+    assert torch.equal(logprobs, torch.full((BS,), float("-inf")))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_z_past_fp32_range_ties_to_the_lowest_id(device, route):
+    """DESIGN §5: 3e38 / 0.5 is +inf in fp32, so tokens 9 and 5 tie at z = +inf: token 5."""
+    b, params = _backend(device, route)
+    logits = torch.randn(BS, V, generator=torch.Generator().manual_seed(3))
+    logits[:, 9] = logits[:, 5] = 3e38
+    assert _step(b, params, logits, 7)[0] == [5] * BS
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("route", ["no_filter", "top_p", "min_p"])
+def test_every_z_at_minus_inf_ties_to_the_lowest_finite_id(device, route):
+    """DESIGN §5: -3e38 / 0.5 is -inf in fp32; when every finite logit's z is -inf they all tie
+    and the lowest finite id wins (ids below 12 are -inf logits). (The CUDA top-k paths do not
+    serve such rows yet: DESIGN §5.)"""
+    b, params = _backend(device, route)
+    logits = torch.full((BS, V), -3e38)
+    logits[:, :12] = float("-inf")
+    assert _step(b, params, logits, 8)[0] == [12] * BS
