@@ -12,7 +12,7 @@ import zlib
 import pytest
 import torch
 
-import tokensampler  # noqa: F401  (registers torch.ops.tokensampler)
+import tokensampler as ts
 from tokensampler.bitmask import pack_token_bitmask
 from test_cuda_kernels import ROUTES, build_slots, random_params
 
@@ -88,6 +88,30 @@ def test_sample_rows_with_bitmask_equals_premasked_logits(route, kind, dtype, de
                     assert torch.equal(a, b), (V, rows, mode, top_n, a, b)
                 if kind == "empty_row":
                     assert fused[1][0].item() and fused[0][0].item() == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows", [2, 24])
+def test_masked_top_k_with_penalties_at_the_split_row_limit(rows, device):
+    """k in (256, 512] with penalties: the split-row chunk kernel's shared memory (penalty
+    bitmap, a 512-slot candidate buffer, its static arrays) leaves the least room for the
+    staged bitmask words, which are staged only where they fit the kernel's 48 KiB."""
+    V = 151936
+    gen = torch.Generator().manual_seed(rows)
+    params = [ts.SamplingParams(temperature=0.8, top_k=300 + 50 * i, top_p=0.9, seed=i,
+                                repetition_penalty=1.2, frequency_penalty=0.4,
+                                logit_bias={17: 2.0}) for i in range(rows)]
+    mgr, slots, _ = build_slots(params, V, prompts=[[5, 17, 900]] * rows)
+    slots = torch.tensor(slots, dtype=torch.int32)
+    lengths = torch.arange(rows + 1, dtype=torch.int32)
+    logits = torch.randn(rows, V, generator=gen) * 3
+    bits, allowed = _mask_bits("half", rows, V, gen)
+    premasked = logits.masked_fill(~allowed, float("-inf"))
+    k = max(p.top_k for p in params)
+    fused = _sample(logits, bits, mgr, slots, lengths, ROUTES["top_k_top_p"], k, 0, 0, device)
+    plain = _sample(premasked, None, mgr, slots, lengths, ROUTES["top_k_top_p"], k, 0, 0, device)
+    for a, b in zip(fused, plain):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -105,6 +105,15 @@ std::array<unsigned char*, kSections> workspace_sections(const SampleRowsCall& c
   return at;
 }
 
+// Dynamic shared memory `kernel` can take without the opt-in attribute: 48 KiB less its static
+// shared memory (its reductions' and the radix select's __shared__ arrays).
+template <typename... Params>
+size_t dynamic_smem_limit(void (*kernel)(Params...)) {
+  cudaFuncAttributes attr{};
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  return 48 * 1024 - attr.sharedSizeBytes;
+}
+
 // Whether launches use programmatic dependent launch (default on; TOKENSAMPLER_PDL=0 turns it off).
 inline bool use_pdl() {
   const char* v = std::getenv("TOKENSAMPLER_PDL");

@@ -50,28 +50,26 @@ bool try_sample(const SampleRowsCall& c) {
       storage, fused ? &a.tickets : nullptr);
   a.results = reinterpret_cast<ChunkResult*>(sections[0]);
   a.chunk_candidates = reinterpret_cast<Candidate*>(sections[1]);
-  // Masked steps also stage each chunk's bitmask words in shared memory where that stays under
-  // 48 KiB (no opt-in attribute; chunks of up to ~10^5 tokens, ~2.5 * 10^4 for top-k rows with
-  // penalties); larger chunks read the words from global memory.
-  static_assert(kPenaltyBitmapWords * sizeof(uint32_t) + kBufferCap * sizeof(Candidate) <= 48 * 1024);
+  // Masked steps also stage each chunk's bitmask words in shared memory where that stays within
+  // the kernel's 48 KiB (no opt-in attribute; chunks of up to ~10^5 tokens, ~2 * 10^4 for top-k
+  // rows with penalties); larger chunks read the words from global memory.
   const bool masked = a.token_bitmask.words != nullptr;  // kMasked: unmasked steps skip its code
-  size_t chunk_smem = (c.apply_penalties ? kPenaltyBitmapWords * sizeof(uint32_t) : 0) +
-                      (top_k_family ? kBufferCap * sizeof(Candidate) : 0);
+  const size_t base_smem = (c.apply_penalties ? kPenaltyBitmapWords * sizeof(uint32_t) : 0) +
+                           (top_k_family ? kBufferCap * sizeof(Candidate) : 0);
   const size_t stage_bytes = staged_mask_words(a.chunk_len) * sizeof(int32_t);
-  a.stage_bitmask = masked && chunk_smem + stage_bytes <= 48 * 1024;
-  if (a.stage_bitmask) chunk_smem += stage_bytes;
   const bool pdl = use_pdl();
   auto run = [&](auto tag) {
     using T = decltype(tag);
     const T* x = c.logits.data_ptr<T>();
-    if (fused) {
-      launch(masked ? chunk_kernel<T, true, true> : chunk_kernel<T, true, false>, rows * a.splits,
-             kChunkThreads, chunk_smem, pdl, x, a);
-    } else {
-      launch(masked ? chunk_kernel<T, false, true> : chunk_kernel<T, false, false>,
-             rows * a.splits, kChunkThreads, chunk_smem, pdl, x, a);
-      launch(finish_kernel<T>, rows, kFinishThreads, 0, pdl, x, a);
-    }
+    auto* chunk = fused ? (masked ? chunk_kernel<T, true, true> : chunk_kernel<T, true, false>)
+                        : (masked ? chunk_kernel<T, false, true> : chunk_kernel<T, false, false>);
+    const size_t limit = dynamic_smem_limit(chunk);
+    TORCH_CHECK(base_smem <= limit, "split-row chunk kernel: ", base_smem,
+                " bytes of shared memory over its limit ", limit);
+    a.stage_bitmask = masked && base_smem + stage_bytes <= limit;
+    const size_t chunk_smem = base_smem + (a.stage_bitmask ? stage_bytes : 0);
+    launch(chunk, rows * a.splits, kChunkThreads, chunk_smem, pdl, x, a);
+    if (!fused) launch(finish_kernel<T>, rows, kFinishThreads, 0, pdl, x, a);
   };
   dispatch_logits_dtype(c.logits.scalar_type(), run);
   return true;
