@@ -19,7 +19,7 @@ __global__ void penalize_rows_kernel(float* __restrict__ out, int32_t vocab,
   const int32_t b = static_cast<int32_t>(r / tokens_per_req), j = static_cast<int32_t>(r % tokens_per_req);
   const int32_t slot = req_pool_indices[b];
   if (slot < 0 || slot >= pool_rows) return;
-  const SlotRow s{table + slot * layout.row_words(), layout};
+  const SlotRow s{table + layout.row_offset(slot), layout};
   float* row = out + r * vocab;
   const int32_t* drafts = candidates ? candidates + b * tokens_per_req + 1 : nullptr;
   const int32_t num_drafts = candidates ? j : 0;

@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     return;
   }
   const LogitsRow<T> x = logits_row(logits, a.row_stride, a.token_bitmask, r);
-  const RowInput row = make_row(a.slot_table + static_cast<int64_t>(slot) * a.layout.row_words(),
+  const RowInput row = make_row(a.slot_table + a.layout.row_offset(slot),
                                 a.layout, int64_t{a.valid_cache_lengths[slot]} + j,
                                 a.candidates ? a.candidates + b * a.tokens_per_req + 1 : nullptr,
                                 static_cast<int32_t>(j), a.vocab, a.apply_penalties);

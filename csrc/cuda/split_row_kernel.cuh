@@ -209,7 +209,7 @@ __device__ __forceinline__ RowParams row_params(const Args& a, int64_t r) {
   const int32_t slot = a.req_pool_indices[r / a.tokens_per_req];
   p.valid_slot = slot >= 0 && slot < a.pool_rows;
   if (!p.valid_slot) return p;
-  p.slot = SlotRow{a.table + static_cast<int64_t>(slot) * a.layout.row_words(), a.layout};
+  p.slot = SlotRow{a.table + a.layout.row_offset(slot), a.layout};
   p.temperature = p.slot.temperature();
   p.top_k = p.slot.top_k();
   p.top_p = p.slot.top_p();

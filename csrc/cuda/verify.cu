@@ -52,7 +52,7 @@ __global__ void append_history_kernel(int32_t* __restrict__ table, SlotLayout la
   if (b >= bs) return;  // whole warps: everything below is uniform across the warp
   const int32_t slot = slots[b];
   if (slot < 0 || slot >= pool_rows) return;
-  int32_t* w = table + static_cast<int64_t>(slot) * layout.row_words();
+  int32_t* w = table + layout.row_offset(slot);
   const SlotRow row{w, layout};
   if (row.repetition() == 1.0f && row.frequency() == 0.0f && row.presence() == 0.0f) return;
   int32_t* ids = w + layout.history_tokens_col();
@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     }
     return;
   }
-  const int32_t* words = a.slot_table + static_cast<int64_t>(slot) * a.layout.row_words();
+  const int32_t* words = a.slot_table + a.layout.row_offset(slot);
   const int64_t t = a.valid_cache_lengths[slot];
   const int32_t* cand = a.candidates + b * n;
   int32_t j = 0;

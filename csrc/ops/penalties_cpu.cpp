@@ -30,7 +30,7 @@ void penalize_logits(const at::Tensor& logits, const at::Tensor& req_pool_indice
         for (int32_t i = 0; i < V; ++i) row[i] = row[i] != row[i] ? -INFINITY : row[i];
         continue;
       }
-      const RowContext ctx{SlotRow{slot_table.data_ptr<int32_t>() + slot * layout.row_words(), layout},
+      const RowContext ctx{SlotRow{slot_table.data_ptr<int32_t>() + layout.row_offset(slot), layout},
                            0, V, cand ? cand + b * tokens_per_req + 1 : nullptr,
                            cand ? static_cast<int32_t>(j) : 0, true,
                            static_cast<int32_t>(vocab_offset)};

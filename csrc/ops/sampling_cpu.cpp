@@ -80,7 +80,7 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
         }
         continue;
       }
-      RowContext ctx{SlotRow{table + slot * layout.row_words(), layout},
+      RowContext ctx{SlotRow{table + layout.row_offset(slot), layout},
                      int64_t{lengths[slot]} + j, V,
                      cand ? cand + b * tokens_per_req + 1 : nullptr,
                      cand ? static_cast<int32_t>(j) : 0, apply_penalties};

@@ -80,7 +80,7 @@ void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indic
       out_accept_length.data_ptr<int32_t>()[b] = 1;
       continue;
     }
-    const SlotRow row{slot_table.data_ptr<int32_t>() + slot * layout.row_words(), layout};
+    const SlotRow row{slot_table.data_ptr<int32_t>() + layout.row_offset(slot), layout};
     const int64_t t = valid_cache_lengths.data_ptr<int32_t>()[slot];
     int64_t j = 0;
     for (; j < n; ++j) {
@@ -127,7 +127,7 @@ void append_history(at::Tensor& slot_table, int64_t history_capacity, int64_t bi
   for (int64_t b = 0; b < bs; ++b) {
     const int32_t slot = req_pool_indices.data_ptr<int32_t>()[b];
     if (slot < 0 || slot >= slot_table.size(0)) continue;
-    int32_t* w = table + slot * layout.row_words();
+    int32_t* w = table + layout.row_offset(slot);
     const SlotRow row{w, layout};
     if (row.repetition() == 1.0f && row.frequency() == 0.0f && row.presence() == 0.0f) continue;
     int32_t* ids = w + layout.history_tokens_col();

@@ -39,6 +39,9 @@ struct SlotLayout {
   TS_HD int32_t row_words() const {
     return kScalarWords + 2 * history_capacity + 2 * bias_capacity + prompt_mask_words;
   }
+  // Offset of a slot's row in the table, in 64 bits (a pool of 2^20 slots at V = 2^20 spans
+  // more than 2^31 words).
+  TS_HD int64_t row_offset(int64_t slot) const { return slot * row_words(); }
   TS_HD int32_t history_tokens_col() const { return kScalarWords; }
   TS_HD int32_t history_counts_col() const { return kScalarWords + history_capacity; }
   TS_HD int32_t bias_tokens_col() const { return kScalarWords + 2 * history_capacity; }
