@@ -458,6 +458,18 @@ def test_d6_tiny_temperature_is_greedy(name, T):
         assert out.next_token_logprobs[0].item() == 0.0, "greedy rows' processed logprob is 0"
 
 
+@pytest.mark.parametrize("T,greedy", [(9.9e-6, True), (1e-5, False), (2e-5, False)])
+def test_d6_greedy_temperature_boundary(T, greedy):
+    """README: temperatures below 1e-5 sample greedily, 1e-5 and above sample. On a flat row
+    (z = 0 everywhere) a sampling row draws different tokens across positions; a greedy one
+    always takes the lowest id."""
+    V = 8
+    b = mk(V)
+    b.prepare_step(["a"], [1], [ts.SamplingParams(temperature=T, seed=2)])
+    tokens = {int(b.sample(LP(torch.zeros(1, V)), info([1], V, t=t))[0][0]) for t in range(40)}
+    assert tokens == {0} if greedy else len(tokens) > 1
+
+
 @pytest.mark.parametrize("T", [1e-38, 1e-45])
 def test_d6_tiny_temperature_raw_logprob_and_verify(T):
     V = 8

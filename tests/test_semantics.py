@@ -286,3 +286,22 @@ def test_vocab_sizes_and_dtypes(V, dtype):
     assert int(tokens[1]) == int(logits[1].float().argmax())
     for r, params in ((0, dict(top_k=min(5, V), top_p=0.9)), (2, dict(min_p=0.1))):
         assert filtered_probs(logits[r].double().numpy(), **params)[int(tokens[r])] > 0
+
+
+def test_fields_accepted_and_ignored_do_not_change_tokens():
+    """README: SamplingBackendConfig.enable_nan_detection / random_seed and
+    SamplingBatchInfo.is_all_greedy are accepted and ignored: the same steps give the same tokens
+    whatever their values (is_all_greedy=True on sampled rows included)."""
+    logits = torch.randn(3, 100, generator=torch.Generator().manual_seed(8))
+    logits[1, 5] = float("nan")
+    params = [ts.SamplingParams(temperature=1.0, seed=3), ts.SamplingParams(temperature=0.8, top_p=0.9),
+              ts.SamplingParams(temperature=1.2, top_k=40, seed=9)]
+    runs = []
+    for nan_detection, random_seed, all_greedy in ((False, 0, False), (True, 12345, True)):
+        b = make(enable_nan_detection=nan_detection, random_seed=random_seed)
+        b.prepare_step(["a", "b", "c"], [1, 2, 3], params)
+        step = info([1, 2, 3], [4, 4, 4])
+        step.is_all_greedy = all_greedy
+        runs.append(b.sample(ts.LogitsProcessorOutput(logits.clone()), step)[0].clone())
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(runs[1], logits.nan_to_num(float("-inf")).argmax(-1).int())  # sampled
