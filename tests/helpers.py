@@ -57,3 +57,30 @@ def run(backend, logits, bs, t0, device, n=1, candidates=None):
         tokens, _ = backend.verify(out, info, candidates.to(device))
     lp = None if out.next_token_logprobs is None else out.next_token_logprobs.cpu().clone()
     return tokens.cpu().clone(), lp
+
+
+def accepted_drafts(cpu_backend, logits, bs, t0, n, candidates, reject_every=3):
+    """candidates [bs, n] with drafts 1..n-1 replaced by the chain the CPU backend accepts (each
+    draft the target token of the row before it, as `run` samples them at positions t0 + j),
+    except that every `reject_every`-th request gets one wrong draft (at varying j), so verify
+    compares accepted rows past the first and rejections at every depth. Drafts are chosen one
+    at a time (a target reads the drafts before it through penalties) with the sample_rows op,
+    which changes no backend state."""
+    b = cpu_backend
+    cand = candidates.clone()
+    V = logits.size(1)
+    rows = bs * n
+    slots = torch.arange(1, bs + 1, dtype=torch.int32)
+    lengths = torch.full((bs + 1,), t0, dtype=torch.int32)
+    out = torch.empty(rows, dtype=torch.int32)
+    invalid = torch.empty(rows, dtype=torch.bool)
+    for j in range(1, n):
+        torch.ops.tokensampler.sample_rows(
+            logits, slots, lengths, b.slots.table, b.slots.history_capacity,
+            b.slots.bias_capacity, n, cand, b._FULL, 0, 0, 0, out, invalid, None, None, None,
+            None, None)
+        cand[:, j] = out.view(bs, n)[:, j - 1]
+    for r in range(1, bs, reject_every):
+        j = 1 + r % (n - 1)
+        cand[r, j] = (cand[r, j] + 1) % V
+    return cand

@@ -11,7 +11,7 @@ import torch
 
 import tokensampler as ts
 from tokensampler import _C
-from helpers import backends, run
+from helpers import accepted_drafts, backends, run
 
 pytestmark = pytest.mark.cuda
 
@@ -95,11 +95,12 @@ def test_eager_matches_cpu(name, bs, workspace, launch):
     for step in range(3):
         logits = _logits(g, bs, n, prompts)
         candidates = torch.randint(0, V, (bs, n), dtype=torch.int32, generator=g)
-        if n > 1:  # some drafts match a likely token
-            candidates[:, 1] = torch.tensor(prompts)[:, 0].to(torch.int32)
+        if n > 1:  # chains the CPU accepts, some to the end, some cut at each depth
+            candidates = accepted_drafts(cpu, logits, bs, 30 + step, n, candidates)
         t_cpu, lp_cpu = run(cpu, logits, bs, 30 + step, "cpu", n, candidates)
         t_gpu, lp_gpu = run(gpu, logits, bs, 30 + step, "cuda", n, candidates)
         assert torch.equal(t_cpu, t_gpu), (step, t_cpu, t_gpu)
+        assert n == 1 or (t_cpu.view(bs, n)[:, -1] >= 0).any()
         assert torch.equal(gpu.invalid_rows[:bs * n].cpu(), cpu.invalid_rows[:bs * n])
         if n == 1:
             torch.testing.assert_close(lp_gpu, lp_cpu, atol=1e-4, rtol=0)
@@ -151,6 +152,8 @@ def test_graph_replays_match_cpu(name, bs, workspace, launch):
     for t in range(4):
         logits = _logits(g, bs, n, prompts)
         candidates = torch.randint(0, V, (bs, n), dtype=torch.int32, generator=g)
+        if n > 1:
+            candidates = accepted_drafts(cpu, logits, bs, 40 + t, n, candidates)
         logits_d.copy_(logits)
         drafts_d.copy_(candidates)
         lengths.fill_(40 + t)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import tokensampler as ts
-from helpers import backends, run
+from helpers import accepted_drafts, backends, run
 
 pytestmark = pytest.mark.cuda
 
@@ -56,10 +56,11 @@ def test_split_row_verify_matches_cpu(case):
     for b in (cpu, gpu):
         b.prepare_step([f"r{i}" for i in range(bs)], list(range(1, bs + 1)), sps, num_tokens_per_req=n)
     logits = torch.randn(bs * n, V) * 2
-    candidates = torch.randint(0, V, (bs, n), dtype=torch.int32)
+    candidates = accepted_drafts(cpu, logits, bs, 5, n, torch.randint(0, V, (bs, n), dtype=torch.int32))
     t_cpu, _ = run(cpu, logits, bs, 5, "cpu", n, candidates)
     t_gpu, _ = run(gpu, logits, bs, 5, "cuda", n, candidates)
     assert torch.equal(t_cpu, t_gpu)
+    assert (t_cpu.view(bs, n)[:, -1] >= 0).any()  # some chains accepted to the end
 
 
 @pytest.mark.parametrize("variant,params", [("no_filter", dict(temperature=0.9)),
@@ -143,9 +144,11 @@ def test_split_row_verify_penalties_count_drafts(case):
     candidates = torch.randint(0, V, (bs, n), dtype=torch.int32, generator=g)
     logits = torch.randn(bs * n, V, generator=g)
     logits[:, candidates.view(-1).long()] += 5.0  # the drafts compete, so their penalty matters
+    candidates = accepted_drafts(cpu, logits, bs, 5, n, candidates)
     t_cpu, _ = run(cpu, logits, bs, 5, "cpu", n, candidates)
     t_gpu, _ = run(gpu, logits, bs, 5, "cuda", n, candidates)
     assert torch.equal(t_cpu, t_gpu)
+    assert (t_cpu.view(bs, n)[:, -1] >= 0).any()  # rows past the first see drafts in penalties
 
 
 @pytest.mark.parametrize("kind", ["half_steps", "constant", "ascending", "descending"])
