@@ -181,6 +181,38 @@ def test_rejection_sampling_is_lossless():
     assert chi_square_pvalue(np.array(first), probs) > 1e-3
 
 
+@pytest.mark.parametrize("filters", [dict(top_k=4), dict(top_k=6, top_p=0.9), dict(min_p=0.1),
+                                     dict(temperature=0.7, top_p=0.8)], ids=str)
+def test_rejection_sampling_is_lossless_with_filters(filters):
+    """DESIGN §4: p of a kept token is its mass over the kept set, so accept / resample follow
+    the filtered target. The draft q is correlated with the target (as a draft model's is): a
+    ratio taken from the unfiltered softmax would then move the emitted distribution by a TV of
+    0.02-0.04, which 16 000 draws detect."""
+    V, n, bs, pool = 12, 2, 400, 400
+    g = torch.Generator().manual_seed(9)
+    target_logits = torch.randn(V, generator=g) * 1.5
+    q = torch.softmax(1.2 * target_logits + 0.3 * torch.randn(V, generator=g), -1)
+    backend = make("gumbel_full", V=V, bs=bs, pool=pool, n=n)
+    slots = list(range(1, bs + 1))
+    backend.prepare_step([f"r{s}" for s in slots], slots,
+                         [ts.SamplingParams(seed=s, **filters) for s in slots], num_tokens_per_req=n)
+    first, accepted_total = [], 0
+    for call in range(40):
+        drafts = torch.multinomial(q, bs, replacement=True, generator=g).to(torch.int32)
+        candidates = torch.stack([torch.zeros(bs, dtype=torch.int32), drafts], 1)
+        logits = target_logits.expand(bs * n, V).contiguous()
+        dp = q.expand(bs, n - 1, V).contiguous()
+        predict, accept = backend.verify(
+            ts.LogitsProcessorOutput(logits), info(slots, [call * 3] * bs, pool, V, dp), candidates)
+        first.extend(predict.view(bs, n)[:, 0].tolist())
+        accepted_total += int((accept == 2).sum())
+    probs = filtered_probs(target_logits.double().numpy(), temperature=filters.get("temperature", 1.0),
+                           top_k=filters.get("top_k", -1), top_p=filters.get("top_p", 1.0),
+                           min_p=filters.get("min_p", 0.0))
+    assert 0 < accepted_total < 40 * bs
+    assert chi_square_pvalue(np.array(first), probs) > 1e-3
+
+
 # ---------------------------------------------------------------- logprobs
 def test_raw_and_top_logprobs():
     V = 300
