@@ -5,11 +5,11 @@
 # 7 with several GPUs or with --bitmask-bench; bench/profile.sh appends to one more).
 #   bench/device_run.sh [--no-bench] [--bench-args "..."] [--tests "pytest args"]
 #                       [--bitmask-bench "args"] [--profile "route:bs[:dtype] ..."]
-#                       [--variant file.patch]...
+#                       [--variant file.patch]... [--variant-tests "pytest args"]
 # Each --variant (a `patch -p1` file; carry the folder it is in) is an A/B candidate: after the
-# base run, it is applied, built (incrementally), tested with the same --tests and benchmarked
-# with the same --bench-args, then reverted; its logs and JSON come back in variants.tar.gz and
-# bench/compare_runs.py prints its figures beside the base's.
+# base run, it is applied, built (incrementally), tested (--variant-tests, default the --tests)
+# and benchmarked with the same --bench-args, then reverted; its logs and JSON come back in
+# variants.tar.gz and bench/compare_runs.py prints its figures beside the base's.
 # Carry .fi (from ../shared/tools/flashinfer_bundle.sh .fi) to benchmark FlashInfer beside us,
 # and .xg (scripts/xgrammar_bundle.sh .xg) for the grammar-mask benchmark's xgrammar kernel.
 set -uo pipefail
@@ -23,6 +23,7 @@ RUN_BITMASK=0
 PROFILE_SHAPES=""
 TEST_ARGS="-m cuda tests"
 VARIANTS=()
+VARIANT_TEST_ARGS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-bench) RUN_BENCH=0 ;;
@@ -31,6 +32,7 @@ while [ $# -gt 0 ]; do
     --bitmask-bench) RUN_BITMASK=1; BITMASK_ARGS="$2"; shift ;;
     --profile) PROFILE_SHAPES="$2"; shift ;;
     --variant) VARIANTS+=("$2"); shift ;;
+    --variant-tests) VARIANT_TEST_ARGS="$2"; shift ;;
   esac
   shift
 done
@@ -86,7 +88,7 @@ for patch_file in "${VARIANTS[@]}"; do
     continue
   fi
   if python3 -m pip install --no-build-isolation --no-deps -v . > "$dir/build.log" 2>&1; then
-    python3 -m pytest -q -p no:cacheprovider $TEST_ARGS > "$dir/tests.log" 2>&1
+    python3 -m pytest -q -p no:cacheprovider ${VARIANT_TEST_ARGS:-$TEST_ARGS} > "$dir/tests.log" 2>&1
     echo "variant $name GPU tests: $(tail -1 "$dir/tests.log")" | tee -a "$OUT/gpu.txt"
     if [ "$RUN_BENCH" = 1 ]; then
       python3 bench/benchmark.py --json "$dir/bench.json" $BENCH_ARGS > "$dir/bench.log" 2>&1
