@@ -81,6 +81,6 @@ def accepted_drafts(cpu_backend, logits, bs, t0, n, candidates, reject_every=3):
             None, None)
         cand[:, j] = out.view(bs, n)[:, j - 1]
     for r in range(1, bs, reject_every):
-        j = 1 + r % (n - 1)
+        j = 1 + (r // reject_every) % (n - 1)
         cand[r, j] = (cand[r, j] + 1) % V
     return cand

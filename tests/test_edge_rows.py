@@ -100,11 +100,22 @@ def test_z_past_fp32_range_ties_to_the_lowest_id(device, route):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("route", ["no_filter", "top_p", "min_p"])
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_plus_inf_logit_wins_over_z_past_fp32_range(device, route):
+    """A +inf logit makes a +inf row (§3.1): token 1 alone is drawn; token 0, whose z = 3e38 /
+    0.5 overflows to +inf, is not a +inf entry (it must not share the draw nor push token 1 out
+    of a top-k set)."""
+    b, params = _backend(device, route)
+    logits = torch.randn(BS, V, generator=torch.Generator().manual_seed(4))
+    logits[:, 0], logits[:, 1] = 3e38, float("inf")
+    assert _step(b, params, logits, 9)[0] == [1] * BS
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("route", list(ROUTES))
 def test_every_z_at_minus_inf_ties_to_the_lowest_finite_id(device, route):
     """DESIGN §5: -3e38 / 0.5 is -inf in fp32; when every finite logit's z is -inf they all tie
-    and the lowest finite id wins (ids below 12 are -inf logits). (The CUDA top-k paths do not
-    serve such rows yet: DESIGN §5.)"""
+    and the lowest finite id wins (ids below 12 are -inf logits)."""
     b, params = _backend(device, route)
     logits = torch.full((BS, V), -3e38)
     logits[:, :12] = float("-inf")

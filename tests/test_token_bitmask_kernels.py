@@ -98,7 +98,7 @@ def test_masked_top_k_with_penalties_at_the_split_row_limit(rows, device):
     staged bitmask words, which are staged only where they fit the kernel's 48 KiB."""
     V = 151936
     gen = torch.Generator().manual_seed(rows)
-    params = [ts.SamplingParams(temperature=0.8, top_k=300 + 50 * i, top_p=0.9, seed=i,
+    params = [ts.SamplingParams(temperature=0.8, top_k=300 + 50 * (i % 5), top_p=0.9, seed=i,
                                 repetition_penalty=1.2, frequency_penalty=0.4,
                                 logit_bias={17: 2.0}) for i in range(rows)]
     mgr, slots, _ = build_slots(params, V, prompts=[[5, 17, 900]] * rows)

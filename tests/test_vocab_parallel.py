@@ -216,6 +216,8 @@ def test_bad_inputs_are_refused_as_the_backend_refuses_them(tmp_path):
         out = lambda rows, width=V: ts.LogitsProcessorOutput(torch.randn(rows, width))  # noqa: E731
         with pytest.raises(ValueError, match="max_bs=2"):
             sampler.sample(out(3), info)
+        with pytest.raises(ValueError, match="max_bs=2"):
+            sampler.sample_rows(torch.randn(3, V), info)
         with pytest.raises(ValueError, match="shard_size=1001"):
             sampler.sample(out(2, V - 1), info)
         with pytest.raises(ValueError, match="max_draft_tokens_per_req=3"):

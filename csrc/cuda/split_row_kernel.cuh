@@ -35,6 +35,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cfloat>
+
 #include "block_select.cuh"
 #include "device_primitives.cuh"
 #include "logits_row.cuh"
@@ -249,8 +251,15 @@ inline __device__ __noinline__ void fold_raw_group(float4 x4, float& m, float& s
 }
 
 // Top-k rows: z = x / T of four processed logits at or above the admission bound, -inf below.
+// A finite logit whose z is past fp32's range gets +-FLT_MAX: such tokens tie and rank below a
+// +inf logit's +inf, and FLT_MAX + G rounds to FLT_MAX, so the lowest id among them wins, as on
+// the CPU (DESIGN §5); a -FLT_MAX candidate is a real token, unlike the -inf of a hole.
 inline __device__ __noinline__ float4 scaled_group(float4 x4, float bound, float temperature) {
-  auto z = [&](float x) { return x > kNegInf && x >= bound ? scaled_logit(x, temperature) : kNegInf; };
+  auto z = [&](float x) {
+    if (!(x > kNegInf && x >= bound)) return kNegInf;
+    const float s = scaled_logit(x, temperature);
+    return x == INFINITY ? s : fminf(fmaxf(s, -FLT_MAX), FLT_MAX);
+  };
   return make_float4(z(x4.x), z(x4.y), z(x4.z), z(x4.w));
 }
 
@@ -384,7 +393,7 @@ struct RankedMasses {
 // Gumbel-max over the first m (<= kMaxM) candidates of buf, in rank order (sorted when z_max is
 // +inf or top-p is on): rows with a +inf processed logit (inf_row) sample uniformly among their
 // +inf tokens (top-p keeps the first ceil(p * m_inf)); otherwise top-p over integer masses (as the
-// CPU reference), then min-p (z past fp32's range: every mass is 0, so the tokens at z = +inf tie
+// CPU reference), then min-p (a z past fp32's range is +-FLT_MAX, scaled_group: those tokens tie
 // and the lowest id wins, as on the CPU). `scan_storage` holds kMaxM 8-byte words.
 template <int kThreads, int kMaxM>
 __device__ int32_t sample_ranked_prefix(const Candidate* buf, int m, const RowParams& p, float z_max,

@@ -37,13 +37,19 @@ def raw_logprob_given(x: torch.Tensor, row_max: torch.Tensor, sum_exp: torch.Ten
     return out.masked_fill(row_max == float("-inf"), float("-inf"))
 
 
-def ranked_top(x: torch.Tensor, n: int) -> torch.Tensor:
+def ranked_top(x: torch.Tensor, n: int, rows_per_pass: int = 64) -> torch.Tensor:
     """int64 [rows, n]: the ids of each row's n first values in rank order (value descending,
-    ties to the lower id, -0 == +0), the kernels' top-N order; x without NaN."""
-    bits = (x + 0.0).view(torch.int32)  # + 0.0 turns -0 into +0
-    order = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()  # signed, monotonic in x
-    ids = torch.arange(x.size(-1), device=x.device, dtype=torch.int64)
-    return ((order << 32) | (0xFFFFFFFF - ids)).topk(n, dim=-1).indices  # ties: lower id first
+    ties to the lower id, -0 == +0), the kernels' top-N order; x without NaN. One int64 key per
+    value (order-preserving bits above, the inverted id below), rows_per_pass rows at a time so
+    the keys stay small beside the logits."""
+    low = 0xFFFFFFFF - torch.arange(x.size(-1), device=x.device, dtype=torch.int64)
+    out = torch.empty(x.size(0), n, dtype=torch.int64, device=x.device)
+    for start in range(0, x.size(0), rows_per_pass):
+        bits = (x[start:start + rows_per_pass] + 0.0).view(torch.int32)  # + 0.0: -0 becomes +0
+        key = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()  # signed, monotonic in x
+        key.bitwise_left_shift_(32).bitwise_or_(low)  # equal values: the lower id ranks first
+        out[start:start + rows_per_pass] = key.topk(n, dim=-1).indices
+    return out
 
 
 def raw_logprobs_at(logits: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor | None,

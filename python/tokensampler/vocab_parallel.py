@@ -186,6 +186,20 @@ class VocabParallelSampler:
             out, b.invalid_rows[:count], None, None, None, b._workspace)
 
     # ---- the step ----
+    def sample_rows(self, shard_logits: torch.Tensor, info: SamplingBatchInfo, n: int = 1,
+                    candidates: torch.Tensor | None = None) -> torch.Tensor:
+        """Tokens int32[rows] for shard logits [rows, shard_size] (rows = bs * n), after the
+        backend's checks; `candidates` (verify, [bs, n]) put earlier drafts in the penalties.
+        Records nothing: sample / verify do."""
+        shard = self._checked(LogitsProcessorOutput(shard_logits), info, n)
+        if candidates is not None:
+            candidates = checks.check_candidates(candidates, self.backend.device,
+                                                 self.backend.config.max_draft_tokens_per_req)
+            if candidates.numel() != shard.size(0) or candidates.size(1) != n:
+                raise ValueError(f"candidates shape {tuple(candidates.shape)} does not match "
+                                 f"{shard.size(0)} logits rows of {n} per request")
+        return self._sample_rows(shard, info, n, candidates)
+
     def _checked(self, logits_output: LogitsProcessorOutput, info: SamplingBatchInfo,
                  n: int) -> torch.Tensor:
         """The shard logits, after the backend's checks of them and of `info`."""
