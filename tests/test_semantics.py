@@ -156,6 +156,24 @@ def test_verify_rejects_at_first_mismatch():
     assert predict.tolist()[:2] == decoded[:2]  # accepted draft, then the target's own token
 
 
+def _rejection_draws(backend, slots, target_logits, q, calls, g, pool):
+    """`calls` verify steps of one draft per request (n = 2) drawn from q, every row's target
+    `target_logits`, with draft_probs q: the first emitted token of every request and step, and
+    how many drafts were accepted."""
+    bs, V, n = len(slots), target_logits.numel(), 2
+    first, accepted_total = [], 0
+    for call in range(calls):
+        drafts = torch.multinomial(q, bs, replacement=True, generator=g).to(torch.int32)
+        candidates = torch.stack([torch.zeros(bs, dtype=torch.int32), drafts], 1)
+        logits = target_logits.expand(bs * n, V).contiguous()
+        dp = q.expand(bs, n - 1, V).contiguous()
+        predict, accept = backend.verify(
+            ts.LogitsProcessorOutput(logits), info(slots, [call * 3] * bs, pool, V, dp), candidates)
+        first.extend(predict.view(bs, n)[:, 0].tolist())
+        accepted_total += int((accept == 2).sum())
+    return first, accepted_total
+
+
 def test_rejection_sampling_is_lossless():
     """With draft probabilities, emitted tokens follow the target distribution."""
     V, n, bs, pool = 12, 2, 200, 200
@@ -166,16 +184,7 @@ def test_rejection_sampling_is_lossless():
     slots = list(range(1, bs + 1))
     backend.prepare_step([f"r{s}" for s in slots], slots,
                          [ts.SamplingParams(seed=s) for s in slots], num_tokens_per_req=n)
-    first, accepted_total = [], 0
-    for call in range(20):
-        drafts = torch.multinomial(q, bs, replacement=True, generator=g).to(torch.int32)
-        candidates = torch.stack([torch.zeros(bs, dtype=torch.int32), drafts], 1)
-        logits = target_logits.expand(bs * n, V).contiguous()
-        dp = q.expand(bs, n - 1, V).contiguous()
-        predict, accept = backend.verify(
-            ts.LogitsProcessorOutput(logits), info(slots, [call * 3] * bs, pool, V, dp), candidates)
-        first.extend(predict.view(bs, n)[:, 0].tolist())
-        accepted_total += int((accept == 2).sum())
+    first, accepted_total = _rejection_draws(backend, slots, target_logits, q, 20, g, pool)
     probs = filtered_probs(target_logits.double().numpy())
     assert 0 < accepted_total < 20 * bs
     assert chi_square_pvalue(np.array(first), probs) > 1e-3
@@ -196,16 +205,7 @@ def test_rejection_sampling_is_lossless_with_filters(filters):
     slots = list(range(1, bs + 1))
     backend.prepare_step([f"r{s}" for s in slots], slots,
                          [ts.SamplingParams(seed=s, **filters) for s in slots], num_tokens_per_req=n)
-    first, accepted_total = [], 0
-    for call in range(40):
-        drafts = torch.multinomial(q, bs, replacement=True, generator=g).to(torch.int32)
-        candidates = torch.stack([torch.zeros(bs, dtype=torch.int32), drafts], 1)
-        logits = target_logits.expand(bs * n, V).contiguous()
-        dp = q.expand(bs, n - 1, V).contiguous()
-        predict, accept = backend.verify(
-            ts.LogitsProcessorOutput(logits), info(slots, [call * 3] * bs, pool, V, dp), candidates)
-        first.extend(predict.view(bs, n)[:, 0].tolist())
-        accepted_total += int((accept == 2).sum())
+    first, accepted_total = _rejection_draws(backend, slots, target_logits, q, 40, g, pool)
     probs = filtered_probs(target_logits.double().numpy(), temperature=filters.get("temperature", 1.0),
                            top_k=filters.get("top_k", -1), top_p=filters.get("top_p", 1.0),
                            min_p=filters.get("min_p", 0.0))
