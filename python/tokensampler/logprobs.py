@@ -16,11 +16,13 @@ def raw_values(logits: torch.Tensor) -> torch.Tensor:
     return logits.float().nan_to_num(float("-inf"), _INF, float("-inf"))
 
 
-def row_partials(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[rows, 1] each: the row maximum, Σ exp(v - max) over its values (any value when the
-    maximum is ±inf) and its count of +inf entries; sums of partials over vocabulary shards give
-    the whole row's, once every shard uses the global maximum."""
-    row_max = x.amax(-1, keepdim=True)
+def row_partials(x: torch.Tensor, row_max: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[rows, 1] each: the row maximum (`row_max` when given: the whole row's, for a vocabulary
+    shard x), Σ exp(v - max) over x's values (any value when the maximum is ±inf) and x's count
+    of +inf entries; the shards' sums and counts add up to the whole row's."""
+    if row_max is None:
+        row_max = x.amax(-1, keepdim=True)
     safe_max = torch.where(row_max.isfinite(), row_max, torch.zeros_like(row_max))
     return row_max, (x - safe_max).exp().sum(-1, keepdim=True), (x == _INF).sum(-1, keepdim=True)
 

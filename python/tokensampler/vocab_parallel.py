@@ -28,10 +28,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import _C
-from .backends import checks
 from .backends.gumbel import GumbelSamplingBackend
 from .batch import LogitsProcessorOutput, SamplingBatchInfo
-from .logprobs import raw_logprob_given, raw_values
+from .logprobs import raw_logprob_given, raw_values, row_partials
 
 __all__ = ["VocabParallelSampler"]
 
@@ -191,24 +190,24 @@ class VocabParallelSampler:
         """Tokens int32[rows] for shard logits [rows, shard_size] (rows = bs * n), after the
         backend's checks; `candidates` (verify, [bs, n]) put earlier drafts in the penalties.
         Records nothing: sample / verify do."""
-        shard = self._checked(LogitsProcessorOutput(shard_logits), info, n)
-        if candidates is not None:
-            candidates = checks.check_candidates(candidates, self.backend.device,
-                                                 self.backend.config.max_draft_tokens_per_req)
-            if candidates.numel() != shard.size(0) or candidates.size(1) != n:
-                raise ValueError(f"candidates shape {tuple(candidates.shape)} does not match "
-                                 f"{shard.size(0)} logits rows of {n} per request")
+        shard, candidates = self._checked(LogitsProcessorOutput(shard_logits), info, n, candidates)
+        if candidates is not None and candidates.size(1) != n:
+            raise ValueError(f"candidates shape {tuple(candidates.shape)} does not match n={n} "
+                             f"rows per request")
         return self._sample_rows(shard, info, n, candidates)
 
-    def _checked(self, logits_output: LogitsProcessorOutput, info: SamplingBatchInfo,
-                 n: int) -> torch.Tensor:
-        """The shard logits, after the backend's checks of them and of `info`."""
+    def _checked(self, logits_output: LogitsProcessorOutput, info: SamplingBatchInfo, n: int = 1,
+                 candidates=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The shard logits (and the candidates, int32 [bs, n], when given) after the backend's
+        checks of them and of `info`."""
         if isinstance(info, SamplingBatchInfo) and info.token_bitmask is not None:
             # Refused, not ignored: the shard would need its slice of the bits (DESIGN §3.0).
             raise ValueError("token_bitmask is not supported by vocab-parallel sampling yet: "
                              "mask the shard's logits before calling it")
-        return self.backend._checked_logits(logits_output, info, n,
-                                            columns=("shard_size", self.shard_size))
+        columns = ("shard_size", self.shard_size)
+        if candidates is None:
+            return self.backend._checked_logits(logits_output, info, n, columns), None
+        return self.backend._checked_verify(logits_output, info, candidates, columns)
 
     def _sample_rows(self, shard_logits: torch.Tensor, info: SamplingBatchInfo, n: int,
                      candidates: torch.Tensor | None) -> torch.Tensor:
@@ -245,21 +244,20 @@ class VocabParallelSampler:
     def raw_logprobs(self, shard_logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """DESIGN §3.8's raw logprob at `tokens`, from two all-reduces of the shards' partials."""
         x = raw_values(shard_logits)
-        row_max = self._all_reduce(x.amax(dim=1), dist.ReduceOp.MAX)
-        safe_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-        local = tokens.long() - self.vocab_offset
+        row_max = self._all_reduce(x.amax(dim=1, keepdim=True), dist.ReduceOp.MAX)
+        _, sum_exp, inf_count = row_partials(x, row_max)
+        local = tokens.long().unsqueeze(1) - self.vocab_offset
         mine = (local >= 0) & (local < self.shard_size)
-        picked = x.gather(1, local.clamp(0, self.shard_size - 1).unsqueeze(1)).squeeze(1)
-        parts = torch.stack([(x - safe_max.unsqueeze(1)).exp().sum(1),
-                             torch.where(mine, picked, torch.zeros_like(picked)),
-                             (x == float("inf")).sum(1).float()])
-        sum_exp, value, inf_count = self._all_reduce(parts, dist.ReduceOp.SUM)
-        return raw_logprob_given(value, row_max, sum_exp, inf_count)
+        picked = x.gather(1, local.clamp(0, self.shard_size - 1))
+        parts = torch.cat([sum_exp, torch.where(mine, picked, torch.zeros_like(picked)),
+                           inf_count.float()], 1)
+        sum_exp, value, inf_count = self._all_reduce(parts, dist.ReduceOp.SUM).unbind(1)
+        return raw_logprob_given(value, row_max.squeeze(1), sum_exp, inf_count)
 
     def sample(self, logits_output: LogitsProcessorOutput, info: SamplingBatchInfo
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """`backend.sample` for a shard: same tokens on every rank, history recorded."""
-        shard = self._checked(logits_output, info, 1)
+        shard, _ = self._checked(logits_output, info)
         bs = shard.size(0)
         b = self.backend
         tokens, lengths = b._packed[0, :bs], b._packed[1, :bs]
@@ -280,14 +278,8 @@ class VocabParallelSampler:
             # Refused, not ignored: rejection sampling would need the shards' target masses.
             raise ValueError("draft_probs is not supported by vocab-parallel verify yet: it "
                              "verifies by target-sampled chain matching only")
-        candidates = checks.check_candidates(candidates, b.device,
-                                             b.config.max_draft_tokens_per_req)
-        bs, n = candidates.shape
-        shard = self._checked(logits_output, info, n)
-        rows = candidates.numel()
-        if rows != shard.size(0):
-            raise ValueError(f"candidates shape {(bs, n)} does not match {shard.size(0)} "
-                             f"logits rows")
+        shard, candidates = self._checked(logits_output, info, candidates=candidates)
+        n, rows = candidates.size(1), candidates.numel()
         target = self._sample_rows(shard, info, n, candidates)
         predict, accept = b._packed[0, :rows], b._packed[1, :candidates.size(0)]
         torch.ops.tokensampler.verify_chain(candidates, target, predict, accept)

@@ -181,12 +181,14 @@ class SamplingBackend(ABC):
         return logits if logits.stride(1) == 1 else logits.contiguous()
 
     def _checked_verify(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo,
-                        candidates) -> tuple[torch.Tensor, torch.Tensor]:
-        """verify's (logits, int32 candidates), after every check of its inputs."""
+                        candidates, columns: tuple[str, int] | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """verify's (logits, int32 candidates), after every check of its inputs (`columns`: as
+        for _checked_logits)."""
         candidates = checks.check_candidates(candidates, self.device,
                                              self.config.max_draft_tokens_per_req)
         bs, n = candidates.shape
-        logits = self._checked_logits(logits_output, sampling_info, n)
+        logits = self._checked_logits(logits_output, sampling_info, n, columns)
         if bs * n != logits.size(0):
             raise ValueError(f"candidates shape {(bs, n)} does not match {logits.size(0)} "
                              f"logits rows")
