@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import tokensampler as ts
+from helpers import run
 
 V = 5000  # several chunks per row on the CUDA multi-block paths, not a multiple of a block
 ROUTES = {
@@ -32,15 +33,10 @@ def _backend(device, route, history=4096, **extra):
 
 
 def _step(b, params, logits, position, prompts=None):
-    device = b.device
     b.prepare_step([f"r{i}" for i in range(BS)], list(range(1, BS + 1)), params,
                    prompt_token_ids=prompts)
-    info = ts.SamplingBatchInfo(torch.arange(1, BS + 1, dtype=torch.int32, device=device),
-                                torch.full((BS + 1,), position, dtype=torch.int32, device=device),
-                                V, device)
-    out = ts.LogitsProcessorOutput(logits.to(device))
-    tokens, _ = b.sample(out, info)
-    return tokens.cpu().tolist(), out.next_token_logprobs.cpu()
+    tokens, logprobs = run(b, logits, BS, position, b.device)
+    return tokens.tolist(), logprobs
 
 
 @pytest.mark.parametrize("device", DEVICES)
