@@ -64,6 +64,23 @@ def test_cut_path_matches_cpu(case, kind, V):
     _compare(row, logits)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_top_p_rows_whose_winner_is_kept_or_cut(dtype):
+    """The histogram kernel finds each top-p row's best z + G over all its tokens (the winner);
+    where that lies in a bin below the cut, the select and finish kernels take it without
+    resolving the cut. The batch holds rows of both kinds (top-p token == the row's token with
+    no filter, and not), and every row matches the CPU."""
+    V, bs = 151936, 64
+    g = torch.Generator().manual_seed(21)
+    logits = (torch.randn(bs, V, generator=g) * 2).to(dtype)
+    top_ps = [0.2, 0.5, 0.8, 0.95]
+    _, filtered = _compare(
+        lambda i: ts.SamplingParams(seed=300 + i, temperature=1.0, top_p=top_ps[i % 4]), logits)
+    _, unfiltered = _compare(lambda i: ts.SamplingParams(seed=300 + i, temperature=1.0), logits)
+    winner_kept = int((filtered == unfiltered).sum())
+    assert 8 <= winner_kept <= bs - 8, winner_kept
+
+
 def _nudged(x, steps):
     """x moved by steps[i] ulps (|steps| <= 2), element by element."""
     up, down = torch.tensor(float("inf")), torch.tensor(float("-inf"))
