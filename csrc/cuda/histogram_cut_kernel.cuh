@@ -5,15 +5,14 @@
 // A top-p boundary depends on the whole row, so a row split over many blocks is read three
 // times (small batches read it from L2) and finished by one block:
 //   1. stats: the argmax of the processed logits (z_max), the +inf count, raw log-sum-exp
-//      partials;
+//      partials; top-p rows also their winner, the best z + G over all tokens;
 //   2. histogram (top-p / top-k rows): counts and masses of the row's tokens in bins of 1/64
 //      nat below z_max. Masses are the integers of row_rules.h's top_p_mass, summed per block in
 //      32-bit halves (native shared atomics) and per row in 64 bits, so the sums are exact and
-//      every run, batch and block size finds the same cut. Top-p rows also find their winner,
-//      the best z + G over the tokens that pass min-p;
+//      every run, batch and block size finds the same cut;
 //   3. select: every block finds the cut bin (the first whose cumulative mass reaches p times
-//      the total, or whose cumulative count reaches k). A top-p row whose winner lies below the
-//      cut bin is done (the winner is kept, so it is the kept set's best): kernels 3 and 4 skip
+//      the total, or whose cumulative count reaches k). A top-p row whose winner passes min-p
+//      and lies below the cut bin is done (the winner is kept, so it is the kept set's best): kernels 3 and 4 skip
 //      its cut. Otherwise tokens above the cut bin are surely kept: the block keeps the best
 //      z + G among them (and the min-p threshold). Tokens in the cut bin (top-k rows: in it or
 //      above it) go to a per-row list;
@@ -193,10 +192,10 @@ __device__ CutBin find_cut(const Args& a, int64_t r, bool by_mass, int32_t k, fl
   return CutBin{bin, sm.before, limit};
 }
 
-// Kernel 2's winner of a top-p row (the best of its chunks' winners) and that token's bin.
+// Kernel 1's winner of a top-p row (the best of its chunks' winners) and that token's z.
 struct RowWinner {
   Candidate best;
-  int32_t bin;
+  float z;
 };
 
 template <int kThreads>
@@ -204,15 +203,16 @@ __device__ RowWinner merge_winner(const Args& a, int64_t r, Candidate* scratch) 
   Candidate w{kNegInf, kNoId};
   for (int j = threadIdx.x; j < a.splits; j += kThreads) w = best_of(w, a.results[r * a.splits + j].winner);
   w = block_best<kThreads>(w, scratch);
-  const int32_t bin = w.id == kNoId ? kBins : a.results[r * a.splits + w.id / a.chunk_len].winner_bin;
-  return RowWinner{w, bin};
+  const float z = w.id == kNoId ? kNegInf : a.results[r * a.splits + w.id / a.chunk_len].winner_z;
+  return RowWinner{w, z};
 }
 
-// Every token in a bin below the cut is kept, and kernel 2's winner passed min-p: then the
-// row's best z + G is in the kept set, so it is the kept set's best, exactly as the cut would
-// find it (same scores, same order).
-__device__ __forceinline__ bool winner_is_kept(const RowWinner& w, const CutBin& cut) {
-  return w.best.id != kNoId && w.bin < cut.bin;
+// Every token in a bin below the cut that passes min-p is kept: when the row's best z + G is
+// such a token, it is the kept set's best, exactly as the cut would find it (same scores, same
+// order).
+__device__ __forceinline__ bool winner_is_kept(const RowWinner& w, const CutBin& cut, float z_max,
+                                               float tau) {
+  return w.best.id != kNoId && w.z >= tau && bin_of(w.z, z_max) < cut.bin;
 }
 
 struct Chunk {
@@ -238,7 +238,9 @@ __device__ __forceinline__ PenaltySource mark_chunk_penalties(const Args& a, con
   return pen;
 }
 
-// Kernel 1: per chunk, the argmax of the processed logits, the +inf count, raw partials. Also
+// Kernel 1: per chunk, the argmax of the processed logits, the +inf count, raw partials, and
+// for top-p rows the winner: the best z + G, noise only where it can win (as the split-row
+// no-filter loop; this kernel has issue slots to spare, the histogram kernel has not). Also
 // clears the row's histogram and cut list for kernels 2 and 3.
 template <typename T, bool kMasked>
 __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
@@ -247,6 +249,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   __shared__ Candidate scratch[kChunkThreads / 32];
   __shared__ float red_m[kChunkThreads / 32], red_s[kChunkThreads / 32];
   __shared__ int32_t red_n[kChunkThreads / 32];
+  __shared__ split_row::BlockBest best_seen;
   const Chunk c = chunk_of(a);
   const RowParams p = split_row::row_params(a, c.r);
   if (!p.valid_slot) return;
@@ -258,15 +261,53 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     }
   }
   if (split == 0 && threadIdx.x == 0) a.cut_count[c.r] = 0;
-  const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);
+  if (threadIdx.x == 0) best_seen.reset();
+  const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);  // syncs
+  const bool top_p_row = !p.greedy && !p.top_k_on && p.top_p < 1.0f;
+  const float inv_t = 1.0f / p.temperature;  // estimates only; exact z = x / T where it counts
 
-  Candidate argmax{kNegInf, kNoId};
+  Candidate argmax{kNegInf, kNoId}, winner{kNegInf, kNoId};
+  float winner_z = kNegInf;
   float raw_m = kNegInf, raw_s = 0.0f;
   int32_t inf_count = 0;
   split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
-    split_row::process_group(x, i, c.begin, c.end, a, bitmap, pen, inf_count, raw_m, raw_s, &argmax);
+    const float x_max4 = split_row::process_group(x, i, c.begin, c.end, a, bitmap, pen, inf_count,
+                                                  raw_m, raw_s, &argmax);
+    // +inf rows never use the winner (kind_of: kFallback).
+    if (!top_p_row || x_max4 == kNegInf || x_max4 == INFINITY) return;
+    const float bar = fmaxf(winner.z, best_seen.get());
+    const float z_max4 = x_max4 * inv_t;  // G <= 16.64; the margins cover the rounding
+    const float margin = 1e-5f * fabsf(z_max4);
+    if (z_max4 + 16.7f + margin < bar) return;
+    const Philox4 w = random_words(p.seed, p.position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
+    const uint32_t w_max = max(max(w.v[0], w.v[1]), max(w.v[2], w.v[3]));
+    if (z_max4 + split_row::gumbel_upper_bound(w_max) + margin < bar) return;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      if (x[q] == kNegInf) continue;
+      const float z_est = x[q] * inv_t;
+      // Scored unless surely below (a NaN bound is scored).
+      if (z_est + split_row::gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) < fmaxf(bar, winner.z))
+        continue;
+      const float z = scaled_logit(x[q], p.temperature);
+      const Candidate scored{f_add(z, split_row::gumbel_of_word(w.v[q])), i + q};
+      if (before(scored, winner)) {
+        winner = scored;
+        winner_z = z;
+      }
+    }
+    if (winner.z > bar) best_seen.raise(winner.z);  // above the block's best: share it
   });
   argmax = block_best<kChunkThreads>(argmax, scratch);
+  ChunkResult& out = a.results[blockIdx.x];
+  if (top_p_row) {
+    // Token ids are distinct, so exactly one thread holds the block's winner (or none is real).
+    const Candidate block_winner = block_best<kChunkThreads>(winner, scratch);
+    if (block_winner.id == kNoId ? threadIdx.x == 0 : winner.id == block_winner.id) {
+      out.winner = block_winner;
+      out.winner_z = block_winner.id == kNoId ? kNegInf : winner_z;
+    }
+  }
   warp_merge_lse(raw_m, raw_s);
   inf_count = __reduce_add_sync(0xffffffffu, inf_count);
   const int w = threadIdx.x >> 5;
@@ -283,7 +324,6 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
       merge_lse(m, s, red_m[j], red_s[j]);
       n += red_n[j];
     }
-    ChunkResult& out = a.results[blockIdx.x];
     out.argmax = argmax;
     out.raw_max = m;
     out.raw_sum = s;
@@ -309,12 +349,7 @@ __device__ __forceinline__ float processed_group(float (&x)[4], int32_t i, const
                                   raw_s, nullptr);
 }
 
-// Kernel 2 (top-p and top-k rows): the chunk's histogram, added to the row's. Top-p rows also
-// find the chunk's best z + G over tokens with z >= the min-p threshold (the winner): its z is
-// at hand here, so the noise costs a Philox call only for groups that can beat the block's best
-// and two logs only for tokens that can. When the row's winner lies in a bin below the cut it
-// is kept, hence the best of the kept set, and kernels 3 and 4 take it without a cut
-// (winner_is_kept): about a fraction p of top-p rows.
+// Kernel 2 (top-p and top-k rows): the chunk's histogram, added to the row's.
 template <typename T, bool kMasked>
 __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     histogram_kernel(const T* __restrict__ logits, Args a) {
@@ -325,7 +360,6 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   __shared__ uint32_t low[kBins], high[kBins];
   __shared__ Candidate scratch[kChunkThreads / 32];
   __shared__ int32_t red[2 * kChunkThreads / 32];
-  __shared__ split_row::BlockBest best_seen;
   const Chunk c = chunk_of(a);
   const RowParams p = split_row::row_params(a, c.r);
   if (!p.valid_slot || !uses_histogram(p)) return;
@@ -334,57 +368,30 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   if (kind != kMassCut && kind != kCountCut) return;
   const bool by_mass = kind == kMassCut;
   const float z_max = scaled_logit(s.argmax.z, p.temperature);
-  const float tau = min_p_threshold(z_max, p.min_p);
   for (int b = threadIdx.x; b < kBins; b += kChunkThreads) {
     low[b] = 0;
     high[b] = 0;
   }
-  if (threadIdx.x == 0) best_seen.reset();
   const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);
   __syncthreads();
 
   const split_row::Args quiet = without_raw(a);
-  Candidate winner{kNegInf, kNoId};
-  int32_t winner_bin = kBins;
   split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
     if (processed_group(x, i, c, quiet, bitmap, pen) == kNegInf) return;
-    float z[4];
-    int bin[4];
-    float z_best4 = kNegInf;  // the group's largest z that may win (z >= tau)
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      z[q] = x[q] == kNegInf ? kNegInf : scaled_logit(x[q], p.temperature);
-      bin[q] = bin_of(z[q], z_max);
-      if (z[q] >= tau) z_best4 = fmaxf(z_best4, z[q]);
       if (x[q] == kNegInf) continue;
+      const float z = scaled_logit(x[q], p.temperature);
+      const int b = bin_of(z, z_max);
       if (!by_mass) {
-        atomicAdd(&low[bin[q]], 1u);
+        atomicAdd(&low[b], 1u);
         continue;
       }
-      const uint64_t m = top_p_mass(z[q], z_max);
+      const uint64_t m = top_p_mass(z, z_max);
       if (m == 0) continue;
-      atomicAdd(&low[bin[q]], static_cast<uint32_t>(m & 0xFFFFu));
-      atomicAdd(&high[bin[q]], static_cast<uint32_t>(m >> 16));
+      atomicAdd(&low[b], static_cast<uint32_t>(m & 0xFFFFu));
+      atomicAdd(&high[b], static_cast<uint32_t>(m >> 16));
     }
-    // The winner: G <= 16.64 for any word, and the word's leading zeros bound G before the two
-    // logs (z is exact here; the bounds are strict, so a tie with the bar is scored).
-    const float bar = fmaxf(winner.z, best_seen.get());
-    if (!by_mass || z_best4 == kNegInf || z_best4 + 16.7f < bar) return;
-    const Philox4 w = random_words(p.seed, p.position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
-    const uint32_t w_max = max(max(w.v[0], w.v[1]), max(w.v[2], w.v[3]));
-    if (z_best4 + split_row::gumbel_upper_bound(w_max) < bar) return;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      if (!(z[q] >= tau) || z[q] == kNegInf ||
-          z[q] + split_row::gumbel_upper_bound(w.v[q]) < fmaxf(bar, winner.z))
-        continue;
-      const Candidate scored{f_add(z[q], split_row::gumbel_of_word(w.v[q])), i + q};
-      if (before(scored, winner)) {
-        winner = scored;
-        winner_bin = bin[q];
-      }
-    }
-    if (winner.z > bar) best_seen.raise(winner.z);  // above the block's best: share it
   });
   __syncthreads();
   for (int b = threadIdx.x; b < kBins; b += kChunkThreads) {
@@ -394,14 +401,6 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     }
     const unsigned long long m = (static_cast<unsigned long long>(high[b]) << 16) + low[b];
     if (m != 0) atomicAdd(&a.bin_masses[c.r * kBins + b], m);
-  }
-  if (!by_mass) return;
-  // Token ids are distinct, so exactly one thread holds the block's winner (or none is real).
-  const Candidate block_winner = block_best<kChunkThreads>(winner, scratch);
-  ChunkResult& out = a.results[blockIdx.x];
-  if (block_winner.id == kNoId ? threadIdx.x == 0 : winner.id == block_winner.id) {
-    out.winner = block_winner;
-    out.winner_bin = block_winner.id == kNoId ? kBins : winner_bin;
   }
 }
 
@@ -425,7 +424,8 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   const float tau = min_p_threshold(z_max, p.min_p);
   CutBin cut{kBins, 0, 0};
   if (kind != kNoCut) cut = find_cut<kChunkThreads>(a, c.r, kind == kMassCut, p.top_k, p.top_p, cut_sm);
-  if (kind == kMassCut && winner_is_kept(merge_winner<kChunkThreads>(a, c.r, scratch), cut)) return;
+  if (kind == kMassCut && winner_is_kept(merge_winner<kChunkThreads>(a, c.r, scratch), cut, z_max, tau))
+    return;
   // Mass cut: bins below the cut are surely kept, the cut bin is listed. Count cut: the cut bin
   // and everything above it is listed (the finish kernel needs the whole top-k set in order).
   const int sure_below = kind == kMassCut ? cut.bin : kind == kNoCut ? kBins : 0;
@@ -553,7 +553,9 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
     cut = find_cut<kFinishThreads>(a, r, true, p.top_k, p.top_p, sm.cut_sm);
     winner = merge_winner<kFinishThreads>(a, r, sm.scratch);
   }
-  const bool winner_kept = kind == kMassCut && winner_is_kept(winner, cut);  // kernel 3 skipped it
+  const float z_max = scaled_logit(argmax.z, p.temperature);
+  const bool winner_kept =  // kernel 3 skipped the row
+      kind == kMassCut && winner_is_kept(winner, cut, z_max, min_p_threshold(z_max, p.min_p));
   if (kind == kNoCut || (kind == kMassCut && !winner_kept)) {
     if (threadIdx.x < a.splits) best = a.results[r * a.splits + threadIdx.x].best;
     best = block_best<kFinishThreads>(best, sm.scratch);
@@ -571,7 +573,6 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
   } else if (winner_kept) {
     token = winner.best.id;
   } else if (kind == kMassCut || kind == kCountCut) {
-    const float z_max = scaled_logit(argmax.z, p.temperature);
     const int n = split_row::next_pow2(max(listed, 1));
     const Candidate* src = a.chunk_candidates + r * kCutCap;
     for (int e = threadIdx.x; e < n; e += kFinishThreads)

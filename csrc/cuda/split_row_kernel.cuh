@@ -141,10 +141,10 @@ struct ChunkResult {
   float raw_max, raw_sum;
   int32_t inf_count;
   int32_t kept;          // real candidates (top-k rows); the chunk's k_cap slots past them are holes
-  // Histogram-cut top-p rows (histogram_cut_kernel.cuh, kernel 2): the chunk's best z + G over
-  // its tokens with z >= the min-p threshold, and the bin of that token's z.
+  // Histogram-cut top-p rows (histogram_cut_kernel.cuh, kernel 1): the chunk's best z + G and
+  // that token's z.
   Candidate winner;
-  int32_t winner_bin;
+  float winner_z;
   int32_t unused;  // load_result copies 8-byte words
 };
 
