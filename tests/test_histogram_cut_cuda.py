@@ -66,9 +66,9 @@ def test_cut_path_matches_cpu(case, kind, V):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_top_p_rows_whose_winner_is_kept_or_cut(dtype):
-    """The histogram kernel finds each top-p row's best z + G over all its tokens (the winner);
-    where that lies in a bin below the cut, the select and finish kernels take it without
-    resolving the cut. The batch holds rows of both kinds (top-p token == the row's token with
+    """The stats kernel finds each top-p row's best z + G over all its tokens (the winner); where
+    that passes min-p and lies in a bin below the cut, the select and finish kernels take it
+    without resolving the cut. The batch holds rows of both kinds (top-p token == the row's token with
     no filter, and not), and every row matches the CPU."""
     V, bs = 151936, 64
     g = torch.Generator().manual_seed(21)
