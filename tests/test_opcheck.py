@@ -169,6 +169,7 @@ def _bad_variants():
     yield "sample_rows", "short out_invalid", s[:13] + [s[13][:2]] + s[14:]
     yield "sample_rows", "rows not a multiple of n", s[:6] + [3] + s[7:]
     yield "sample_rows", "int64 workspace", s[:17] + [s[17].long()]
+    yield "sample_rows", "short workspace", s[:17] + [torch.zeros(1024, dtype=torch.uint8)]
     t = list(list(sample_rows_cases("cpu"))[1])  # the case with top-N outputs
     rows = t[0].size(0)
     yield "sample_rows", "top-N wider than the vocabulary", t[:15] + [

@@ -76,15 +76,9 @@ std::array<unsigned char*, kSections> workspace_sections(const SampleRowsCall& c
   for (int64_t b : bytes) total += workspace_aligned(b);
   int64_t ticket_at = 0;
   if (c.workspace) {
-    const at::Tensor& w = *c.workspace;
-    TORCH_CHECK_VALUE(w.scalar_type() == at::kByte && w.dim() == 1 && w.is_contiguous() &&
-                          w.device() == c.logits.device(),
-                      "workspace must be a contiguous 1-D uint8 tensor on ", c.logits.device(),
-                      ", got ", w.scalar_type(), " ", w.sizes(), " on ", w.device());
+    const at::Tensor& w = *c.workspace;  // its type, device and size: check_sample_rows (op_checks.h)
     const int64_t served = workspace_rows(w.numel());
-    TORCH_CHECK_VALUE(rows <= served && total <= ticket_offset(served), "workspace holds ",
-                      w.numel(), " bytes; a step of ", rows, " rows needs ",
-                      sample_rows_workspace_bytes(rows), " (_C.sample_rows_workspace_bytes(rows))");
+    TORCH_INTERNAL_ASSERT(rows <= served && total <= ticket_offset(served));  // the static_asserts
     storage = w;
     ticket_at = ticket_offset(served);
   } else {

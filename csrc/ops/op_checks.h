@@ -11,6 +11,7 @@
 #include <c10/core/SymBool.h>
 #include <c10/core/SymInt.h>
 
+#include "cuda/workspace.h"
 #include "tokensampler/route.h"
 #include "tokensampler/row_rules.h"
 #include "tokensampler/slot_layout.h"
@@ -192,12 +193,19 @@ inline void check_sample_rows_call(
                     " must be 0 (raw) or 1 (processed)");
   check_route(route, max_top_k);
   check_token_bitmask(token_bitmask, logits);
-  if (workspace) {  // its size is checked by the CUDA paths that use it
+  if (workspace) {  // read by the CUDA multi-block paths only; every kernel refuses a bad one
     const at::Tensor& w = *workspace;
     TORCH_CHECK_VALUE(w.scalar_type() == at::kByte && w.dim() == 1 &&
                           holds(w.sym_is_contiguous()) && w.device() == logits.device(),
                       "workspace must be a contiguous 1-D uint8 tensor on ", logits.device(),
                       ", got ", w.scalar_type(), " ", w.sym_sizes(), " on ", w.device());
+    const c10::SymInt rows = logits.sym_size(0);
+    TORCH_CHECK_VALUE(holds(w.sym_numel() >= rows * cuda::kWorkspaceBytesPerRow +
+                                                 cuda::kWorkspaceSections * cuda::kWorkspaceAlign),
+                      "workspace holds ", w.sym_numel(), " bytes; a step of ", rows,
+                      " rows needs ", rows * cuda::kWorkspaceBytesPerRow +
+                                          cuda::kWorkspaceSections * cuda::kWorkspaceAlign,
+                      " (_C.sample_rows_workspace_bytes(rows))");
   }
 }
 
