@@ -12,10 +12,10 @@
 //      every run, batch and block size finds the same cut;
 //   3. select: every block finds the cut bin (the first whose cumulative mass reaches p times
 //      the total, or whose cumulative count reaches k). A top-p row whose winner passes min-p
-//      and lies below the cut bin is done (the winner is kept, so it is the kept set's best): kernels 3 and 4 skip
-//      its cut. Otherwise tokens above the cut bin are surely kept: the block keeps the best
-//      z + G among them (and the min-p threshold). Tokens in the cut bin (top-k rows: in it or
-//      above it) go to a per-row list;
+//      and lies below the cut bin is done: the winner is kept, so it is the kept set's best,
+//      and kernels 3 and 4 skip its cut. Otherwise tokens above the cut bin are surely kept:
+//      the block keeps the best z + G among them (and the min-p threshold). Tokens in the cut
+//      bin (top-k rows: in it or above it) go to a per-row list;
 //   4. finish: sorts the list into rank order and resolves the cut exactly (top-p: kept while
 //      the mass before a token is below the limit; top-k: the first k, then top-p over their
 //      masses; both as the CPU reference; then min-p), and takes the best z + G.
