@@ -194,7 +194,34 @@ def flashinfer_steps(route: str, rows: int):
     return steps
 
 
-def run(bs_list, dtypes, routes, bandwidth) -> list[Row]:
+def time_others(row: Row, route_name: str, route, bs: int, buffers, label: str) -> None:
+    """FlashInfer's best call, our FlashInfer adapter backend and (top-k + top-p fp32) the torch
+    reference on the same buffers, into `row`."""
+    best = None
+    for name, step in flashinfer_steps(route_name, row.rows).items():
+        try:
+            t = graph_time_us(step, buffers, f"flashinfer {name} {label}")
+        except Exception as exc:  # noqa: BLE001
+            row.notes.append(f"flashinfer {name} failed: {exc!r}"[:200])
+            continue
+        row.notes.append(f"flashinfer {name}: {t:.1f} us")
+        if best is None or t < best[0]:
+            best = (t, name)
+    if best:
+        row.flashinfer_us, row.flashinfer_call = best
+    adapter = route.backend.replace("gumbel", "flashinfer")
+    if adapter in ts.available_backends():
+        try:
+            row.adapter_us = graph_time_us(ours_step(route, bs, adapter), buffers,
+                                           f"{adapter} backend {label}")
+        except Exception as exc:  # noqa: BLE001
+            row.notes.append(f"{adapter} backend failed: {exc!r}"[:200])
+    if route_name in ("top_k_top_p",) and row.dtype == "fp32":
+        row.torch_us = graph_time_us(torch_reference_step(route, row.rows), buffers[:4],
+                                     f"torch reference {label}")
+
+
+def run(bs_list, dtypes, routes, bandwidth, ours_only=False) -> list[Row]:
     results = []
     for dtype_name in dtypes:
         dtype = dict(fp32=torch.float32, bf16=torch.bfloat16)[dtype_name]
@@ -210,28 +237,8 @@ def run(bs_list, dtypes, routes, bandwidth) -> list[Row]:
                     row.ours_us = graph_time_us(ours_step(route, bs), buffers, f"tokensampler {label}")
                 except Exception as exc:  # noqa: BLE001 - record and go on
                     row.notes.append(f"ours failed: {exc!r}"[:200])
-                best = None
-                for name, step in flashinfer_steps(route_name, rows).items():
-                    try:
-                        t = graph_time_us(step, buffers, f"flashinfer {name} {label}")
-                    except Exception as exc:  # noqa: BLE001
-                        row.notes.append(f"flashinfer {name} failed: {exc!r}"[:200])
-                        continue
-                    row.notes.append(f"flashinfer {name}: {t:.1f} us")
-                    if best is None or t < best[0]:
-                        best = (t, name)
-                if best:
-                    row.flashinfer_us, row.flashinfer_call = best
-                adapter = route.backend.replace("gumbel", "flashinfer")
-                if adapter in ts.available_backends():
-                    try:
-                        row.adapter_us = graph_time_us(ours_step(route, bs, adapter), buffers,
-                                                       f"{adapter} backend {label}")
-                    except Exception as exc:  # noqa: BLE001
-                        row.notes.append(f"{adapter} backend failed: {exc!r}"[:200])
-                if route_name in ("top_k_top_p",) and dtype_name == "fp32":
-                    row.torch_us = graph_time_us(torch_reference_step(route, rows), buffers[:4],
-                                                 f"torch reference {label}")
+                if not ours_only:  # an A/B of our kernels: the base run has the others' figures
+                    time_others(row, route_name, route, bs, buffers, label)
                 results.append(row)
                 print(format_row(row), flush=True)
                 del buffers
@@ -287,6 +294,8 @@ def main() -> None:
     ap.add_argument("--routes", nargs="+", default=list(ROUTES))
     ap.add_argument("--json")
     ap.add_argument("--plot")
+    ap.add_argument("--ours-only", action="store_true",
+                    help="time tokensampler alone (no FlashInfer, adapter or torch figures)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("the GPU benchmark needs CUDA; on CPU run bench/cpu_baseline.py")
@@ -294,7 +303,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"copy bandwidth {bandwidth / 1e9:.0f} GB/s, V={VOCAB}")
     print(HEADER)
-    results = run(args.bs, args.dtypes, args.routes, bandwidth)
+    results = run(args.bs, args.dtypes, args.routes, bandwidth, args.ours_only)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,

@@ -8,7 +8,8 @@
 #                       [--variant file.patch]... [--variant-tests "pytest args"]
 # Each --variant (a `patch -p1` file; carry the folder it is in) is an A/B candidate: after the
 # base run, it is applied, built (incrementally), tested (--variant-tests, default the --tests)
-# and benchmarked with the same --bench-args, then reverted; its logs and JSON come back in
+# and benchmarked with the same --bench-args (tokensampler alone: the base run times the
+# others), then reverted; its logs and JSON come back in
 # variants.tar.gz and bench/compare_runs.py prints its figures beside the base's.
 # Carry .fi (from ../shared/tools/flashinfer_bundle.sh .fi) to benchmark FlashInfer beside us,
 # and .xg (scripts/xgrammar_bundle.sh .xg) for the grammar-mask benchmark's xgrammar kernel.
@@ -91,7 +92,7 @@ for patch_file in "${VARIANTS[@]}"; do
     python3 -m pytest -q -p no:cacheprovider ${VARIANT_TEST_ARGS:-$TEST_ARGS} > "$dir/tests.log" 2>&1
     echo "variant $name GPU tests: $(tail -1 "$dir/tests.log")" | tee -a "$OUT/gpu.txt"
     if [ "$RUN_BENCH" = 1 ]; then
-      python3 bench/benchmark.py --json "$dir/bench.json" $BENCH_ARGS > "$dir/bench.log" 2>&1
+      python3 bench/benchmark.py --ours-only --json "$dir/bench.json" $BENCH_ARGS > "$dir/bench.log" 2>&1
       python3 bench/compare_runs.py "$OUT/bench.json" "$dir/bench.json" | tee -a "$OUT/gpu.txt"
     fi
     if [ "$RUN_BITMASK" = 1 ]; then
