@@ -1,8 +1,9 @@
 """Rows at the edges of DESIGN §3 on every route (no filter, top-k, top-p, min-p, top-k + top-p:
 on CUDA the split-row, histogram-cut and one-block-per-row kernels), each asserting the token
 the CPU reference gives: a prompt-only token of a slot whose output history is full, a +inf
-bias on a finite logit, a raw +inf logit banned by a -inf bias, and z = l / T past fp32's range
-(DESIGN §5: the tokens at z = +inf tie, the lowest id wins)."""
+bias on a finite logit, a raw +inf logit banned by a -inf bias, z = l / T past fp32's range
+(DESIGN §5: the tokens at z = +inf tie, the lowest id wins), and a finite z whose estimate
+l * (1 / T) overflows."""
 
 from __future__ import annotations
 
@@ -114,5 +115,22 @@ def test_every_z_at_minus_inf_ties_to_the_lowest_finite_id(device, route):
     and the lowest finite id wins (ids below 12 are -inf logits)."""
     b, params = _backend(device, route)
     logits = torch.full((BS, V), -3e38)
+    logits[:, :12] = float("-inf")
+    assert _step(b, params, logits, 8)[0] == [12] * BS
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_finite_z_whose_estimate_overflows_is_still_scored(device, route):
+    """x / T = -3.4028235e38 is finite, but the kernels' estimate x * (1 / T) overflows to -inf,
+    which makes the noise bounds NaN: a NaN bound must let the token be scored, not skipped (the
+    histogram-cut select kernel skipped every token of such a min-p row and wrote no token). All
+    z tie at -FLT_MAX, so the lowest finite id wins (ids below 12 are -inf logits)."""
+    b = ts.create_backend("gumbel_full", ts.SamplingBackendConfig(
+        max_bs=BS, max_req_pool_size=BS, vocab_size=V, device=device,
+        enable_output_logprobs=True))
+    params = [ts.SamplingParams(seed=40 + i, **{**ROUTES[route], "temperature": 0.9414544})
+              for i in range(BS)]
+    logits = torch.full((BS, V), -3.2036031e38)
     logits[:, :12] = float("-inf")
     assert _step(b, params, logits, 8)[0] == [12] * BS

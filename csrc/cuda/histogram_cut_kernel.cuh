@@ -473,11 +473,13 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     const float bar = fmaxf(best.z, best_seen.get());
     const float z_max4 = sure_max * inv_t;
     const float margin = 1e-5f * fabsf(z_max4);
-    if (sure_max != kNegInf && z_max4 + 16.7f + margin >= bar) {
+    // Bounds in the `!(bound < bar)` form: a NaN bound (z_max4 = -inf from the estimate of a
+    // finite z near -FLT_MAX) is scored, as in the no-filter loop.
+    if (sure_max != kNegInf && !(z_max4 + 16.7f + margin < bar)) {
       const Philox4 w = random_words(p.seed, p.position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
       // One bound for the group first (gumbel_upper_bound grows with the word), then per token.
       const uint32_t w_max = max(max(w.v[0], w.v[1]), max(w.v[2], w.v[3]));
-      if (z_max4 + split_row::gumbel_upper_bound(w_max) + margin >= bar) {
+      if (!(z_max4 + split_row::gumbel_upper_bound(w_max) + margin < bar)) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const float z_est = x[q] * inv_t;
