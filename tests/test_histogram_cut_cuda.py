@@ -68,8 +68,8 @@ def test_cut_path_matches_cpu(case, kind, V):
 def test_top_p_rows_whose_winner_is_kept_or_cut(dtype):
     """The stats kernel finds each top-p row's best z + G over all its tokens (the winner); where
     that passes min-p and lies in a bin below the cut, the select and finish kernels take it
-    without resolving the cut. The batch holds rows of both kinds (top-p token == the row's token with
-    no filter, and not), and every row matches the CPU."""
+    without resolving the cut. The batch holds rows of both kinds (top-p token == the row's
+    token with no filter, and not), and every row matches the CPU."""
     V, bs = 151936, 64
     g = torch.Generator().manual_seed(21)
     logits = (torch.randn(bs, V, generator=g) * 2).to(dtype)
@@ -79,6 +79,33 @@ def test_top_p_rows_whose_winner_is_kept_or_cut(dtype):
     _, unfiltered = _compare(lambda i: ts.SamplingParams(seed=300 + i, temperature=1.0), logits)
     winner_kept = int((filtered == unfiltered).sum())
     assert 8 <= winner_kept <= bs - 8, winner_kept
+
+
+@pytest.mark.parametrize("top_p_rows", [1, 3])
+def test_few_top_p_rows_among_rows_without_a_cut(top_p_rows):
+    """A large step where a few rows have a top-p cut (p = 0.3: their winner is often not kept)
+    and the others none (min-p or no filter): every row matches the CPU however the kernels share
+    the cut rows' work among their blocks."""
+    V, bs = 151936, 128
+    g = torch.Generator().manual_seed(31 + top_p_rows)
+    logits = torch.randn(bs, V, generator=g) * 2
+
+    def row(i):
+        if i % (bs // top_p_rows) == 5:
+            return ts.SamplingParams(seed=700 + i, temperature=1.0, top_p=0.3)
+        return ts.SamplingParams(seed=700 + i, temperature=1.0, min_p=0.05 if i % 2 else 0.0)
+
+    _compare(row, logits)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_every_row_a_small_top_p(dtype):
+    """Every row of a large step cuts at p = 0.05, so few winners are kept and nearly every row
+    resolves its cut; V is not a multiple of a block."""
+    V, bs = 50257, 96
+    g = torch.Generator().manual_seed(17)
+    logits = (torch.randn(bs, V, generator=g) * 2).to(dtype)
+    _compare(lambda i: ts.SamplingParams(seed=800 + i, temperature=1.0, top_p=0.05), logits)
 
 
 def _nudged(x, steps):
