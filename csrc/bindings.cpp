@@ -39,7 +39,7 @@ using tokensampler::SlotStateManager;
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "tokensampler native module: slot-state manager and operator library";
-  m.def("sample_rows_workspace_bytes", &tokensampler::cuda::sample_rows_workspace_bytes,
+  m.def("sample_rows_workspace_bytes", &tokensampler::cuda::sample_rows_workspace_bytes<int64_t>,
         py::arg("max_rows"),
         "Bytes of the CUDA sample_rows workspace that serves steps of up to max_rows rows.");
 #ifdef TOKENSAMPLER_WITH_CUDA

@@ -20,8 +20,10 @@ constexpr int64_t workspace_aligned(int64_t bytes) {
   return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
 }
 
-// Bytes a workspace needs to serve steps of up to `max_rows` logits rows.
-constexpr int64_t sample_rows_workspace_bytes(int64_t max_rows) {
+// Bytes a workspace needs to serve steps of up to `max_rows` logits rows. A template so the op
+// checks can call it with a symbolic row count (c10::SymInt) as well.
+template <typename Rows>
+constexpr Rows sample_rows_workspace_bytes(Rows max_rows) {
   return max_rows * kWorkspaceBytesPerRow + kWorkspaceSections * kWorkspaceAlign;
 }
 

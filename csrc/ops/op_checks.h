@@ -200,11 +200,9 @@ inline void check_sample_rows_call(
                       "workspace must be a contiguous 1-D uint8 tensor on ", logits.device(),
                       ", got ", w.scalar_type(), " ", w.sym_sizes(), " on ", w.device());
     const c10::SymInt rows = logits.sym_size(0);
-    TORCH_CHECK_VALUE(holds(w.sym_numel() >= rows * cuda::kWorkspaceBytesPerRow +
-                                                 cuda::kWorkspaceSections * cuda::kWorkspaceAlign),
-                      "workspace holds ", w.sym_numel(), " bytes; a step of ", rows,
-                      " rows needs ", rows * cuda::kWorkspaceBytesPerRow +
-                                          cuda::kWorkspaceSections * cuda::kWorkspaceAlign,
+    const c10::SymInt needed = cuda::sample_rows_workspace_bytes(rows);
+    TORCH_CHECK_VALUE(holds(w.sym_numel() >= needed), "workspace holds ", w.sym_numel(),
+                      " bytes; a step of ", rows, " rows needs ", needed,
                       " (_C.sample_rows_workspace_bytes(rows))");
   }
 }
