@@ -550,7 +550,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
   }
   int kind = kind_of(p, argmax.z, inf_count);
   CutBin cut{kBins, 0, 0};
-  RowWinner winner{Candidate{kNegInf, kNoId}, kBins};
+  RowWinner winner{Candidate{kNegInf, kNoId}, kNegInf};
   if (kind == kMassCut) {
     cut = find_cut<kFinishThreads>(a, r, true, p.top_k, p.top_p, sm.cut_sm);
     winner = merge_winner<kFinishThreads>(a, r, sm.scratch);
