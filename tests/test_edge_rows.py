@@ -2,8 +2,8 @@
 on CUDA the split-row, histogram-cut and one-block-per-row kernels), each asserting the token
 the CPU reference gives: a prompt-only token of a slot whose output history is full, a +inf
 bias on a finite logit, a raw +inf logit banned by a -inf bias, z = l / T past fp32's range
-(DESIGN §5: the tokens at z = +inf tie, the lowest id wins), and a finite z whose estimate
-l * (1 / T) overflows."""
+(DESIGN §5: the tokens at z = +inf tie, the lowest id wins, and rank above a z of exactly
+FLT_MAX), and a finite z whose estimate l * (1 / T) overflows."""
 
 from __future__ import annotations
 
@@ -117,6 +117,34 @@ def test_every_z_at_minus_inf_ties_to_the_lowest_finite_id(device, route):
     logits = torch.full((BS, V), -3e38)
     logits[:, :12] = float("-inf")
     assert _step(b, params, logits, 8)[0] == [12] * BS
+
+
+FLT_MAX = torch.finfo(torch.float32).max
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_z_past_fp32_range_ranks_above_a_z_of_exactly_flt_max(device, route):
+    """(FLT_MAX / 2) / 0.5 is exactly FLT_MAX; 3e38 / 0.5 overflows to +inf and ranks above it,
+    so token 4000 wins (the lowest id past the range), even with more than k tokens at FLT_MAX
+    ahead of it (the split-row top-k path holds an overflowed z at FLT_MAX)."""
+    b, params = _backend(device, route)
+    logits = torch.randn(BS, V, generator=torch.Generator().manual_seed(5))
+    logits[:, :50] = FLT_MAX / 2
+    logits[:, 4000] = logits[:, 4321] = 3e38
+    assert _step(b, params, logits, 10)[0] == [4000] * BS
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_z_of_exactly_minus_flt_max_ranks_above_a_z_past_fp32_range(device, route):
+    """-3e38 / 0.5 overflows to -inf; (-FLT_MAX / 2) / 0.5 is exactly -FLT_MAX, the row's largest
+    z, so token 4000 wins (the lowest id there), not a lower id past the range."""
+    b, params = _backend(device, route)
+    logits = torch.full((BS, V), float("-inf"))
+    logits[:, :50] = -3e38
+    logits[:, 4000] = logits[:, 4321] = -FLT_MAX / 2
+    assert _step(b, params, logits, 11)[0] == [4000] * BS
 
 
 @pytest.mark.parametrize("device", DEVICES)

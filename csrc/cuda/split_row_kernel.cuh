@@ -145,6 +145,11 @@ struct ChunkResult {
   // that token's z.
   Candidate winner;
   float winner_z;
+  // Top-k rows (scaled_group holds a z past fp32's range at +-FLT_MAX): the chunk's lowest id
+  // whose finite logit has z past +FLT_MAX, and its lowest id whose z is exactly -FLT_MAX
+  // (kNoId if none). The finisher breaks a tie at +-FLT_MAX by them.
+  int32_t past_max_id;
+  int32_t at_lowest_id;
   int32_t unused;  // load_result copies 8-byte words
 };
 
@@ -255,17 +260,23 @@ inline __device__ __noinline__ void fold_raw_group(float4 x4, float& m, float& s
     if (x[q] != INFINITY) merge_lse(m, s, x[q], 1.0f);
 }
 
-// Top-k rows: z = x / T of four processed logits at or above the admission bound, -inf below.
-// A finite logit whose z is past fp32's range gets +-FLT_MAX: such tokens tie and rank below a
-// +inf logit's +inf, and FLT_MAX + G rounds to FLT_MAX, so the lowest id among them wins, as on
-// the CPU (DESIGN §5); a -FLT_MAX candidate is a real token, unlike the -inf of a hole.
-inline __device__ __noinline__ float4 scaled_group(float4 x4, float bound, float temperature) {
-  auto z = [&](float x) {
+// Top-k rows: z = x / T of four processed logits (tokens i..i+3) at or above the admission
+// bound, -inf below. A finite logit whose z is past fp32's range gets +-FLT_MAX: it ranks below
+// a +inf logit's +inf, and a -FLT_MAX candidate is a real token, unlike the -inf of a hole. There
+// it ties with a z of exactly +-FLT_MAX, which the CPU ranks below (+inf) or above (-inf) it, so
+// the lowest ids of both kinds go to edge_ids[0] (past +FLT_MAX) and edge_ids[1] (exactly
+// -FLT_MAX), shared memory, for the finisher (DESIGN §5).
+inline __device__ __noinline__ float4 scaled_group(float4 x4, int32_t i, float bound,
+                                                    float temperature, int32_t* edge_ids) {
+  auto z = [&](float x, int32_t id) {
     if (!(x > kNegInf && x >= bound)) return kNegInf;
     const float s = scaled_logit(x, temperature);
-    return x == INFINITY ? s : fminf(fmaxf(s, -FLT_MAX), FLT_MAX);
+    if (x == INFINITY) return s;
+    if (s == INFINITY) atomicMin(edge_ids, id);
+    if (s == -FLT_MAX) atomicMin(edge_ids + 1, id);
+    return fminf(fmaxf(s, -FLT_MAX), FLT_MAX);
   };
-  return make_float4(z(x4.x), z(x4.y), z(x4.z), z(x4.w));
+  return make_float4(z(x4.x, i), z(x4.y, i + 1), z(x4.z, i + 2), z(x4.w, i + 3));
 }
 
 // No-filter rows: the rare exact evaluations of their hot loop (two logs and a division each),
@@ -398,8 +409,8 @@ struct RankedMasses {
 // Gumbel-max over the first m (<= kMaxM) candidates of buf, in rank order (sorted when z_max is
 // +inf or top-p is on): rows with a +inf processed logit (inf_row) sample uniformly among their
 // +inf tokens (top-p keeps the first ceil(p * m_inf)); otherwise top-p over integer masses (as the
-// CPU reference), then min-p (a z past fp32's range is +-FLT_MAX, scaled_group: those tokens tie
-// and the lowest id wins, as on the CPU). `scan_storage` holds kMaxM 8-byte words.
+// CPU reference), then min-p (a z past fp32's range is +-FLT_MAX, scaled_group: finish_row
+// breaks its ties with a z of exactly +-FLT_MAX). `scan_storage` holds kMaxM 8-byte words.
 template <int kThreads, int kMaxM>
 __device__ int32_t sample_ranked_prefix(const Candidate* buf, int m, const RowParams& p, float z_max,
                                         bool inf_row, unsigned long long* scan_storage,
@@ -468,7 +479,7 @@ __device__ __forceinline__ void finish_row(const T* __restrict__ logits, const A
                                            const RowParams& p, const FinishSmem& sm) {
   Candidate argmax{kNegInf, kNoId}, best{kNegInf, kNoId}, inf_best{kNegInf, kNoId};
   float raw_m = kNegInf, raw_s = 0.0f;
-  int32_t inf_count = 0, kept = 0;
+  int32_t inf_count = 0, kept = 0, past_max_id = kNoId, at_lowest_id = kNoId;
   for (int s = threadIdx.x; s < a.splits; s += kThreads) {
     const ChunkResult c = load_result(a.results + r * a.splits + s);
     argmax = best_of(argmax, c.argmax);
@@ -477,6 +488,8 @@ __device__ __forceinline__ void finish_row(const T* __restrict__ logits, const A
     merge_lse(raw_m, raw_s, c.raw_max, c.raw_sum);
     inf_count += c.inf_count;
     kept += c.kept;
+    past_max_id = min(past_max_id, c.past_max_id);
+    at_lowest_id = min(at_lowest_id, c.at_lowest_id);
   }
   const Partial row = block_partial<kThreads>(Partial{argmax, best, inf_best, inf_count, kept}, sm.partials);
   argmax = row.argmax;
@@ -517,6 +530,14 @@ __device__ __forceinline__ void finish_row(const T* __restrict__ logits, const A
     token = sample_ranked_prefix<kThreads, kSplitRowMaxTopK>(sm.buf, m, p, z_max,
                                                              argmax.z == INFINITY, sm.scan_storage,
                                                              sm.keep_count, sm.scratch);
+    if (fabsf(z_max) == FLT_MAX) {
+      // Ties at +-FLT_MAX (scaled_group): as on the CPU, a z past +FLT_MAX (+inf there) wins
+      // over every other token, and at -FLT_MAX a z of exactly -FLT_MAX over one past it (-inf
+      // there); each kind's lowest id wins (DESIGN §5).
+      const int32_t edge = z_max > 0.0f ? past_max_id : at_lowest_id;
+      const int32_t lowest = block_best<kThreads>(Candidate{0.0f, edge}, sm.scratch).id;
+      if (lowest != kNoId) token = lowest;
+    }
   }
   if (threadIdx.x == 0) {
     a.out_tokens[r] = token;
@@ -543,6 +564,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   __shared__ int32_t buf_count, compact_counter, keep_count;
   __shared__ float threshold;
   __shared__ BlockBest best_seen;  // no-filter rows
+  __shared__ int32_t edge_ids[2];  // top-k rows: scaled_group
   __shared__ bool finishes_row;
 
   const int64_t r = blockIdx.x / a.splits;
@@ -576,6 +598,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     buf_count = 0;
     threshold = kNegInf;
     best_seen.reset();
+    edge_ids[0] = edge_ids[1] = kNoId;
   }
   __syncthreads();
 
@@ -636,8 +659,8 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
       argmax.z = p.greedy ? argmax.z : fmaxf(argmax.z, x_max4);
       if (top_k_rows) {
         const float4 z4 = x_max4 > kNegInf && x_max4 >= thr_raw
-                              ? scaled_group(make_float4(l[u][0], l[u][1], l[u][2], l[u][3]),
-                                             thr_raw, p.temperature)
+                              ? scaled_group(make_float4(l[u][0], l[u][1], l[u][2], l[u][3]), i,
+                                             thr_raw, p.temperature, edge_ids)
                               : make_float4(kNegInf, kNegInf, kNegInf, kNegInf);
         // l[u] now holds z of the tokens at or above the threshold, -inf below it
         l[u][0] = z4.x; l[u][1] = z4.y; l[u][2] = z4.z; l[u][3] = z4.w;
@@ -703,6 +726,8 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     out->raw_max = m;
     out->raw_sum = s;
     out->inf_count = chunk.inf_count;
+    out->past_max_id = edge_ids[0];
+    out->at_lowest_id = edge_ids[1];
     if (!top_k_rows) out->kept = 0;
   }
   if constexpr (kFused) {
