@@ -2,8 +2,9 @@
 on CUDA the split-row, histogram-cut and one-block-per-row kernels), each asserting the token
 the CPU reference gives: a prompt-only token of a slot whose output history is full, a +inf
 bias on a finite logit, a raw +inf logit banned by a -inf bias, z = l / T past fp32's range
-(DESIGN §5: the tokens at z = +inf tie, the lowest id wins, and rank above a z of exactly
-FLT_MAX), and a finite z whose estimate l * (1 / T) overflows."""
+(DESIGN §5: the tokens at z = +inf tie, the lowest id wins; they rank above a z of exactly
+FLT_MAX, and a z of exactly -FLT_MAX above those at -inf), and a finite z whose estimate
+l * (1 / T) overflows."""
 
 from __future__ import annotations
 
@@ -127,7 +128,8 @@ FLT_MAX = torch.finfo(torch.float32).max
 def test_z_past_fp32_range_ranks_above_a_z_of_exactly_flt_max(device, route):
     """(FLT_MAX / 2) / 0.5 is exactly FLT_MAX; 3e38 / 0.5 overflows to +inf and ranks above it,
     so token 4000 wins (the lowest id past the range), even with more than k tokens at FLT_MAX
-    ahead of it (the split-row top-k path holds an overflowed z at FLT_MAX)."""
+    of lower ids (the split-row top-k path holds an overflowed z at FLT_MAX, where it ties with
+    them)."""
     b, params = _backend(device, route)
     logits = torch.randn(BS, V, generator=torch.Generator().manual_seed(5))
     logits[:, :50] = FLT_MAX / 2

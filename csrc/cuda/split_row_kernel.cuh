@@ -262,10 +262,10 @@ inline __device__ __noinline__ void fold_raw_group(float4 x4, float& m, float& s
 
 // Top-k rows: z = x / T of four processed logits (tokens i..i+3) at or above the admission
 // bound, -inf below. A finite logit whose z is past fp32's range gets +-FLT_MAX: it ranks below
-// a +inf logit's +inf, and a -FLT_MAX candidate is a real token, unlike the -inf of a hole. There
-// it ties with a z of exactly +-FLT_MAX, which the CPU ranks below (+inf) or above (-inf) it, so
-// the lowest ids of both kinds go to edge_ids[0] (past +FLT_MAX) and edge_ids[1] (exactly
-// -FLT_MAX), shared memory, for the finisher (DESIGN §5).
+// a +inf logit's +inf, and a -FLT_MAX candidate is a real token, unlike the -inf of a hole. But
+// there it ties with a z of exactly +-FLT_MAX, where the CPU ranks the overflowed z (+inf) above
+// it and the overflowed z (-inf) below it. So the lowest id past +FLT_MAX goes to edge_ids[0]
+// and the lowest at exactly -FLT_MAX to edge_ids[1] (shared memory) for the finisher (DESIGN §5).
 inline __device__ __noinline__ float4 scaled_group(float4 x4, int32_t i, float bound,
                                                     float temperature, int32_t* edge_ids) {
   auto z = [&](float x, int32_t id) {
