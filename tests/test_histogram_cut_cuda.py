@@ -108,6 +108,32 @@ def test_every_row_a_small_top_p(dtype):
     _compare(lambda i: ts.SamplingParams(seed=800 + i, temperature=1.0, top_p=0.05), logits)
 
 
+def test_large_step_of_every_top_p_row_kind():
+    """A step of 48 rows (large steps may decide top-p rows from float sums of their masses
+    before any histogram): winners kept and cut, ties at the winner's z (quarter steps), a
+    winner that min-p removes, penalties and bias, and rows whose z reach 4000 (T = 0.002), whose
+    estimates are too coarse to decide from: every row matches the CPU."""
+    V, bs = 50257, 48
+    g = torch.Generator().manual_seed(43)
+    logits = torch.randn(bs, V, generator=g) * 2
+    logits[8:16] = torch.round(logits[8:16] * 2) / 4
+    logits[16:24] *= 4
+    top_ps = [0.1, 0.5, 0.9, 0.99]
+
+    def row(i):
+        extra = {}
+        if 24 <= i < 32:
+            extra = dict(repetition_penalty=1.3, frequency_penalty=0.4, logit_bias={7: 3.0, 9: -2.0})
+        if 32 <= i < 36:
+            extra = dict(min_p=0.5)
+        temperature = 0.002 if 40 <= i < 44 else 0.8
+        return ts.SamplingParams(seed=900 + i, temperature=temperature, top_p=top_ps[i % 4],
+                                 **extra)
+
+    prompts = [[7, 11, 13]] * bs
+    _compare(row, logits, prompts=prompts)
+
+
 def _nudged(x, steps):
     """x moved by steps[i] ulps (|steps| <= 2), element by element."""
     up, down = torch.tensor(float("inf")), torch.tensor(float("-inf"))
