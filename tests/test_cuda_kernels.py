@@ -252,12 +252,14 @@ def test_verify_chain_matches_cpu():
     for bs, n in [(1, 1), (5, 4), (300, 3)]:
         cand = torch.randint(0, 3, (bs, n), generator=gen, dtype=torch.int32)
         y = torch.randint(0, 3, (bs * n,), generator=gen, dtype=torch.int32)
-        pc, ac = torch.empty(bs * n, dtype=torch.int32), torch.empty(bs, dtype=torch.int32)
-        OPS.verify_chain(cand, y, pc, ac)
-        pg = torch.empty(bs * n, dtype=torch.int32, device="cuda")
-        ag = torch.empty(bs, dtype=torch.int32, device="cuda")
-        OPS.verify_chain(cand.cuda(), y.cuda(), pg, ag)
-        assert torch.equal(pc, pg.cpu()) and torch.equal(ac, ag.cpu())
+        invalid = torch.rand(bs * n, generator=gen) < 0.2
+        for bad in (None, invalid):
+            pc, ac = torch.empty(bs * n, dtype=torch.int32), torch.empty(bs, dtype=torch.int32)
+            OPS.verify_chain(cand, y, pc, ac, bad)
+            pg = torch.empty(bs * n, dtype=torch.int32, device="cuda")
+            ag = torch.empty(bs, dtype=torch.int32, device="cuda")
+            OPS.verify_chain(cand.cuda(), y.cuda(), pg, ag, None if bad is None else bad.cuda())
+            assert torch.equal(pc, pg.cpu()) and torch.equal(ac, ag.cpu())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

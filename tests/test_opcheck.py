@@ -76,6 +76,10 @@ def verify_chain_cases(device):
     yield (candidates, _int32([4, 5, 1, 6, 2, 3], device),
            torch.empty(6, dtype=torch.int32, device=device),
            torch.empty(2, dtype=torch.int32, device=device))
+    yield (candidates, _int32([4, 5, 1, 6, 2, 3], device),
+           torch.empty(6, dtype=torch.int32, device=device),
+           torch.empty(2, dtype=torch.int32, device=device),
+           torch.tensor([False, True, False, False, False, False], device=device))
 
 
 def verify_rejection_cases(device):
@@ -178,6 +182,8 @@ def _bad_variants():
     yield "verify_chain", "1-D candidates", [c[0].view(-1)] + c[1:]
     yield "verify_chain", "short target", [c[0], c[1][:4]] + c[2:]
     yield "verify_chain", "int64 candidates", [c[0].long()] + c[1:]
+    yield "verify_chain", "int32 target_invalid", c + [torch.zeros(6, dtype=torch.int32)]
+    yield "verify_chain", "short target_invalid", c + [torch.zeros(5, dtype=torch.bool)]
     r = list(next(verify_rejection_cases("cpu")))
     yield "verify_rejection", "draft_probs width", r[:7] + [r[7][:, :, :-1]] + r[8:]
     yield "verify_rejection", "more candidates than logits rows", r[:6] + [

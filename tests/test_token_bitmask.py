@@ -210,6 +210,43 @@ def test_row_with_no_allowed_finite_token_is_invalid(name, device):
     assert backend.invalid_rows[:BS].cpu().tolist() == [False, True, False, True]
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name, mode", [(name, mode) for name in ("gumbel", "gumbel_full")
+                                        for mode in ("verify_chain", "verify_rejection")]
+                         + [("greedy", "verify_chain")])  # greedy verifies by chain matching
+def test_verify_ends_at_a_row_with_no_allowed_token(name, mode, device):
+    """An invalid row (§3.1: token 0, flagged) ends a verify chain: its token is the request's
+    last, so a draft of token 0 after it is not accepted, in chain matching as in rejection
+    sampling. Request 0's row 1 and request 1's row 0 allow nothing; greedy rows, so the other
+    rows' tokens are their masked argmax."""
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randn(BS * N, V, generator=gen)
+    allowed = torch.ones(BS * N, WORDS * 32, dtype=torch.bool)
+    allowed[1] = False
+    allowed[N] = False
+    backend = ts.create_backend(name, _config(device, enable_token_bitmask=True))
+    backend.prepare_step([f"r{i}" for i in range(BS)], list(range(1, BS + 1)),
+                         [ts.SamplingParams(temperature=0.0, seed=i) for i in range(BS)],
+                         num_tokens_per_req=N)
+    argmax = int(logits[0].argmax())
+    candidates = torch.zeros(BS, N, dtype=torch.int32)
+    candidates[0, 1] = argmax  # accepted; row 1 gives token 0, and draft 2 is 0
+    draft_probs = None
+    if mode == "verify_rejection":
+        draft_probs = torch.full((BS, N - 1, V), 1.0 / V).to(device)
+    info = ts.SamplingBatchInfo(torch.arange(1, BS + 1, dtype=torch.int32, device=device),
+                                torch.zeros(BS + 1, dtype=torch.int32, device=device), V, device,
+                                token_bitmask=pack_token_bitmask(allowed).to(device),
+                                draft_probs=draft_probs)
+    predict, accept = backend.verify(ts.LogitsProcessorOutput(logits.to(device)), info,
+                                     candidates.to(device))
+    predict, accept = predict.cpu().view(BS, N), accept.cpu()
+    invalid = backend.invalid_rows[:BS * N].cpu().view(BS, N)
+    assert accept[:2].tolist() == [2, 1], (predict, accept)
+    assert predict[0, :2].tolist() == [argmax, 0] and predict[1, 0] == 0, predict
+    assert invalid[0, 1] and invalid[1, 0] and not invalid[0, 0], invalid
+
+
 def _bad_masks(device):
     good = torch.full((BS, WORDS), -1, dtype=torch.int32, device=device)
     other = "meta" if device == "cpu" else "cpu"

@@ -13,19 +13,23 @@ namespace tokensampler::cuda {
 namespace {
 
 __global__ void verify_chain_kernel(const int32_t* __restrict__ cand, const int32_t* __restrict__ y,
-                                    int64_t bs, int64_t n, int32_t* __restrict__ predict,
-                                    int32_t* __restrict__ accept) {
+                                    const bool* __restrict__ invalid, int64_t bs, int64_t n,
+                                    int32_t* __restrict__ predict, int32_t* __restrict__ accept) {
   const int64_t b = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (b >= bs) return;
-  int64_t accepted = 0;
-  while (accepted + 1 < n && cand[b * n + accepted + 1] == y[b * n + accepted]) ++accepted;
+  int64_t accepted = 0;  // an invalid row's token (0, §3.1) ends the chain, as in rejection
+  while (accepted + 1 < n && !(invalid && invalid[b * n + accepted]) &&
+         cand[b * n + accepted + 1] == y[b * n + accepted])
+    ++accepted;
   for (int64_t j = 0; j < n; ++j) predict[b * n + j] = j <= accepted ? y[b * n + j] : -1;
   accept[b] = static_cast<int32_t>(accepted + 1);
 }
 
 void verify_chain(const at::Tensor& candidates, const at::Tensor& target_tokens,
-                  at::Tensor& out_predict, at::Tensor& out_accept_length) {
-  check_verify_chain_args(candidates, target_tokens, out_predict, out_accept_length);
+                  at::Tensor& out_predict, at::Tensor& out_accept_length,
+                  const std::optional<at::Tensor>& target_invalid) {
+  check_verify_chain_args(candidates, target_tokens, out_predict, out_accept_length,
+                          target_invalid);
   const int64_t bs = candidates.size(0), n = candidates.size(1);
   const auto device = candidates.device();
   if (bs == 0) return;
@@ -33,7 +37,8 @@ void verify_chain(const at::Tensor& candidates, const at::Tensor& target_tokens,
   const auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 128;
   verify_chain_kernel<<<(bs + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
-      candidates.data_ptr<int32_t>(), target_tokens.data_ptr<int32_t>(), bs, n,
+      candidates.data_ptr<int32_t>(), target_tokens.data_ptr<int32_t>(),
+      target_invalid ? target_invalid->data_ptr<bool>() : nullptr, bs, n,
       out_predict.data_ptr<int32_t>(), out_accept_length.data_ptr<int32_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

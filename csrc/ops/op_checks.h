@@ -249,7 +249,8 @@ inline void check_gumbel_noise_args(const at::Tensor& seeds, const at::Tensor& p
 
 inline void check_verify_chain_args(const at::Tensor& candidates, const at::Tensor& target_tokens,
                                     const at::Tensor& out_predict,
-                                    const at::Tensor& out_accept_length) {
+                                    const at::Tensor& out_accept_length,
+                                    const std::optional<at::Tensor>& target_invalid) {
   TORCH_CHECK_VALUE(candidates.dim() == 2, "candidates must be [bs, n], got ",
                     candidates.sym_sizes());
   const c10::SymInt bs = candidates.sym_size(0), n = candidates.sym_size(1);
@@ -260,6 +261,16 @@ inline void check_verify_chain_args(const at::Tensor& candidates, const at::Tens
   check_int32_vector(target_tokens, "target_tokens", bs * n, device);
   check_int32_vector(out_predict, "out_predict", bs * n, device);
   check_int32_vector(out_accept_length, "out_accept_length", bs, device);
+  if (target_invalid) {
+    const at::Tensor& t = *target_invalid;
+    TORCH_CHECK_TYPE(t.scalar_type() == at::kBool, "target_invalid must be bool, got ",
+                     t.scalar_type());
+    TORCH_CHECK_VALUE(t.dim() == 1 && holds(t.sym_numel() >= bs * n) && holds(t.sym_is_contiguous()),
+                      "target_invalid must be contiguous 1-D with at least ", bs * n,
+                      " entries, got shape ", t.sym_sizes());
+    TORCH_CHECK_VALUE(t.device() == device, "target_invalid is on ", t.device(), ", expected ",
+                      device);
+  }
 }
 
 inline void check_verify_rejection_args(

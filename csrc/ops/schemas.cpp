@@ -42,8 +42,10 @@ void sample_rows_meta(const at::Tensor& logits, const at::Tensor& req_pool_indic
 }
 
 void verify_chain_meta(const at::Tensor& candidates, const at::Tensor& target_tokens,
-                       at::Tensor& out_predict, at::Tensor& out_accept_length) {
-  check_verify_chain_args(candidates, target_tokens, out_predict, out_accept_length);
+                       at::Tensor& out_predict, at::Tensor& out_accept_length,
+                       const std::optional<at::Tensor>& target_invalid) {
+  check_verify_chain_args(candidates, target_tokens, out_predict, out_accept_length,
+                          target_invalid);
 }
 
 void verify_rejection_meta(const at::Tensor& logits, const at::Tensor& req_pool_indices,
@@ -134,10 +136,11 @@ TORCH_LIBRARY(tokensampler, m) {
       "Tensor(a!) out_tokens, Tensor(b!) out_invalid, Tensor(c!)? out_logprobs, "
       "Tensor(d!)? out_top_values, Tensor(e!)? out_top_ids, Tensor(f!)? workspace=None, "
       "Tensor? token_bitmask=None) -> ()");
-  // DESIGN §4 target-sampled chain matching over candidates [bs, n] and target tokens [bs*n].
+  // DESIGN §4 target-sampled chain matching over candidates [bs, n] and target tokens [bs*n];
+  // target_invalid (bool [bs*n], the sampler's invalid_rows) ends a chain at an invalid row.
   m.def(
       "verify_chain(Tensor candidates, Tensor target_tokens, Tensor(a!) out_predict, "
-      "Tensor(b!) out_accept_length) -> ()");
+      "Tensor(b!) out_accept_length, Tensor? target_invalid=None) -> ()");
   // DESIGN §4 lossless rejection sampling with draft probabilities [bs, n-1, V]; route and
   // max_top_k as in sample_rows.
   m.def(

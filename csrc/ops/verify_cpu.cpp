@@ -16,16 +16,21 @@ namespace tokensampler::cpu {
 namespace {
 
 void verify_chain(const at::Tensor& candidates, const at::Tensor& target_tokens,
-                  at::Tensor& out_predict, at::Tensor& out_accept_length) {
-  check_verify_chain_args(candidates, target_tokens, out_predict, out_accept_length);
+                  at::Tensor& out_predict, at::Tensor& out_accept_length,
+                  const std::optional<at::Tensor>& target_invalid) {
+  check_verify_chain_args(candidates, target_tokens, out_predict, out_accept_length,
+                          target_invalid);
   const int64_t bs = candidates.size(0), n = candidates.size(1);
   const int32_t* cand = candidates.data_ptr<int32_t>();
   const int32_t* y = target_tokens.data_ptr<int32_t>();
+  const bool* invalid = target_invalid ? target_invalid->data_ptr<bool>() : nullptr;
   int32_t* predict = out_predict.data_ptr<int32_t>();
   int32_t* accept = out_accept_length.data_ptr<int32_t>();
   for (int64_t b = 0; b < bs; ++b) {
-    int64_t accepted = 0;
-    while (accepted + 1 < n && cand[b * n + accepted + 1] == y[b * n + accepted]) ++accepted;
+    int64_t accepted = 0;  // an invalid row's token (0, §3.1) ends the chain, as in rejection
+    while (accepted + 1 < n && !(invalid && invalid[b * n + accepted]) &&
+           cand[b * n + accepted + 1] == y[b * n + accepted])
+      ++accepted;
     for (int64_t j = 0; j < n; ++j) predict[b * n + j] = j <= accepted ? y[b * n + j] : -1;
     accept[b] = static_cast<int32_t>(accepted + 1);
   }

@@ -282,6 +282,7 @@ class VocabParallelSampler:
         n, rows = candidates.size(1), candidates.numel()
         target = self._sample_rows(shard, info, n, candidates)
         predict, accept = b._packed[0, :rows], b._packed[1, :candidates.size(0)]
-        torch.ops.tokensampler.verify_chain(candidates, target, predict, accept)
+        torch.ops.tokensampler.verify_chain(candidates, target, predict, accept,
+                                            b.invalid_rows[:rows])
         b._record_history(info, predict, accept, n)
         return predict, accept

@@ -60,5 +60,6 @@ class GreedySamplingBackend(SamplingBackend):
         target = self._target[:rows]
         self._argmax(logits, sampling_info.token_bitmask, target)
         predict, accept = self._packed[0, :rows], self._packed[1, :candidates.size(0)]
-        torch.ops.tokensampler.verify_chain(candidates, target, predict, accept)
+        torch.ops.tokensampler.verify_chain(candidates, target, predict, accept,
+                                            self.invalid_rows[:rows])
         return predict, accept
