@@ -337,3 +337,42 @@ def test_fields_accepted_and_ignored_do_not_change_tokens():
         runs.append(b.sample(ts.LogitsProcessorOutput(logits.clone()), step)[0].clone())
     assert torch.equal(runs[0], runs[1])
     assert not torch.equal(runs[1], logits.nan_to_num(float("-inf")).argmax(-1).int())  # sampled
+
+
+@pytest.mark.parametrize("name", ["gumbel", "gumbel_full"])
+def test_rejection_verify_publishes_its_own_raw_logprobs(name):
+    """§3.8 after rejection-sampling verify: each emitted token's raw logprob and every row's
+    top-N, NaN past a request's accepted tokens, never the previous call's values."""
+    V, n = 50, 3
+    backend = make(name, V=V, bs=2, n=n, enable_output_logprobs=True, top_logprobs_num=2)
+    backend.prepare_step(["a", "b"], [1, 2], [ts.SamplingParams(seed=1), ts.SamplingParams(seed=2)],
+                         num_tokens_per_req=n)
+    g = torch.Generator().manual_seed(9)
+    chain_logits = torch.randn(2 * n, V, generator=g)
+    candidates = torch.tensor([[0, 1, 2], [0, 3, 4]], dtype=torch.int32)
+    backend.verify(ts.LogitsProcessorOutput(chain_logits), info([1, 2], [4, 4], V=V), candidates)
+    logits = torch.randn(2 * n, V, generator=g)
+    logits[:, 5] += 20.0  # every row is near certain of token 5
+    draft_probs = torch.full((2, n - 1, V), 1.0 / V)
+    out = ts.LogitsProcessorOutput(logits)
+    predict, accept = backend.verify(out, info([1, 2], [7, 7], V=V, draft_probs=draft_probs),
+                                     torch.tensor([[0, 5, 5], [0, 6, 5]], dtype=torch.int32))
+    want = torch.log_softmax(logits.double(), -1)
+    for r, token in enumerate(predict.tolist()):
+        if token < 0:
+            assert math.isnan(float(out.next_token_logprobs[r]))
+        else:
+            assert abs(float(out.next_token_logprobs[r]) - float(want[r, token])) < 1e-5
+    assert out.next_token_top_logprobs_idx[:, 0].tolist() == [5] * (2 * n)
+    assert accept.tolist()[0] == n and predict.tolist()[:n] == [5, 5, 5]
+
+
+def test_rejection_verify_refuses_processed_logprobs():
+    backend = make(V=50, bs=1, n=2, enable_output_logprobs=True, logprobs_mode="processed")
+    backend.prepare_step(["a"], [1], [ts.SamplingParams(seed=1)], num_tokens_per_req=2)
+    before = backend.slots.table.clone()
+    with pytest.raises(ValueError, match="draft_probs"):
+        backend.verify(ts.LogitsProcessorOutput(torch.randn(2, 50)),
+                       info([1], [3], V=50, draft_probs=torch.full((1, 1, 50), 0.02)),
+                       torch.tensor([[0, 5]], dtype=torch.int32))
+    assert torch.equal(backend.slots.table, before)

@@ -44,10 +44,13 @@ class TokenBitmaskScratch:
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor,
-                        scratch: TokenBitmaskScratch) -> torch.Tensor:
-    """fp32 [rows, V] view of `scratch.masked`: `logits` with the tokens `bitmask` disallows at
-    -inf (NaN and +inf of allowed tokens kept). The caller has checked the shapes."""
+                        scratch: TokenBitmaskScratch | None = None) -> torch.Tensor:
+    """fp32 [rows, V] view of `scratch.masked` (of fresh buffers without one): `logits` with the
+    tokens `bitmask` disallows at -inf (NaN and +inf of allowed tokens kept). The caller has
+    checked the shapes."""
     rows, vocab = logits.shape
+    if scratch is None:
+        scratch = TokenBitmaskScratch(rows, vocab, logits.device)
     bits = scratch.bits[:rows]
     torch.bitwise_right_shift(bitmask.unsqueeze(-1), scratch.shifts, out=bits)
     torch.bitwise_and(bits, 1, out=bits)

@@ -12,6 +12,7 @@ import torch
 
 from .. import _C
 from ..batch import LogitsProcessorOutput, SamplingBatchInfo
+from ..bitmask import apply_token_bitmask
 from ..config import LOGPROBS_MODES
 from ..graphs import (
     CUDA_GRAPH_VARIANT_DEFAULT,
@@ -21,6 +22,7 @@ from ..graphs import (
     CUDA_GRAPH_VARIANT_TOP_P,
     CUDA_GRAPH_VARIANT_VERIFY_NO_FILTER,
 )
+from ..logprobs import raw_logprobs_at
 from ..params import SamplingParams
 from .base import SamplingBackend
 from . import checks
@@ -239,9 +241,23 @@ class GumbelSamplingBackend(SamplingBackend):
             None if self._top_ids is None else self._top_ids[:rows], self._workspace,
             sampling_info.token_bitmask)
 
+    def _rejection_logprobs(self, logits: torch.Tensor, sampling_info: SamplingBatchInfo,
+                            predict: torch.Tensor) -> None:
+        """DESIGN §3.8 for rejection-sampling verify, whose kernels emit tokens only: each row's
+        raw logprob at its token, NaN for the rows past a request's accepted tokens (they hold
+        none), and every row's top-N, from the masked logits (torch ops, logprobs.py)."""
+        if sampling_info.token_bitmask is not None:
+            logits = apply_token_bitmask(logits, sampling_info.token_bitmask)
+        raw_logprobs_at(logits, predict.clamp(min=0), self._logprobs, self._top_values,
+                        self._top_ids)
+        if self._logprobs is not None:
+            rows = predict.numel()
+            self._logprobs[:rows].masked_fill_(predict < 0, float("nan"))
+
     def _route_args(self) -> tuple[int, int]:
         """The ops' (route, max_top_k): the step's route, and for top-k routes its largest k
-        (0, "unknown", otherwise). They pick a CUDA kernel and never change tokens."""
+        (0, "unknown", otherwise). They pick a CUDA kernel; computed from the step's own
+        parameters, they never change tokens."""
         max_top_k = (min(self.step_max_top_k, self.config.vocab_size)
                      if _C.is_top_k_route(self._route) else 0)
         return int(self._route), max_top_k
@@ -269,15 +285,24 @@ class GumbelSamplingBackend(SamplingBackend):
         rows, (bs, n) = logits.size(0), candidates.shape
         predict, accept = self._packed[0, :rows], self._packed[1, :bs]
         if sampling_info.draft_probs is not None:
+            wants_logprobs = self._logprobs is not None or self._top_values is not None
+            if wants_logprobs and self.config.logprobs_mode == "processed":
+                raise ValueError(
+                    "draft_probs: rejection-sampling verify gives raw logprobs only, and this "
+                    "backend was built with logprobs_mode='processed' (verify without "
+                    "draft_probs, or use logprobs_mode='raw')")
             torch.ops.tokensampler.verify_rejection(
                 logits, sampling_info.req_pool_indices, sampling_info.valid_cache_lengths,
                 self.slots.table, self.slots.history_capacity, self.slots.bias_capacity,
                 candidates, sampling_info.draft_probs, self._FULL, *self._route_args(),
                 predict, accept, self.invalid_rows[:rows], sampling_info.token_bitmask)
+            if wants_logprobs:
+                self._rejection_logprobs(logits, sampling_info, predict)
         else:
             target = self._target[:rows]
             self._sample_rows(logits, sampling_info, n, candidates, target)
-            torch.ops.tokensampler.verify_chain(candidates, target, predict, accept)
+            torch.ops.tokensampler.verify_chain(candidates, target, predict, accept,
+                                                self.invalid_rows[:rows])
         self._record_history(sampling_info, predict, accept, n)
         self._publish_logprobs(logits_output, rows)
         return predict, accept
