@@ -164,3 +164,27 @@ def test_finite_z_whose_estimate_overflows_is_still_scored(device, route):
     logits = torch.full((BS, V), -3.2036031e38)
     logits[:, :12] = float("-inf")
     assert _step(b, params, logits, 8)[0] == [12] * BS
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m, top_p, keep", [(5, 0.8, 5), (10, 0.1, 2), (3, 0.6666667, 3),
+                                            (4, 0.5, 2)])
+def test_plus_inf_row_top_p_keeps_the_first_ceil_p_m_entries(device, m, top_p, keep):
+    """§3.1: a row's m +inf entries share its mass evenly, so top-p keeps the first ceil(p * m)
+    of them, p as stored in fp32 (0.8 is 0.800000012: 4.00000006 keeps all 5; 0.1 * 10 keeps 2),
+    as for m tied finite tokens. Over many positions exactly those ids are drawn, with top-p
+    alone and under a top-k."""
+    ids = [3 + 7 * j for j in range(m)]
+    logits = torch.randn(BS, V, generator=torch.Generator().manual_seed(6))
+    logits[:, ids] = float("inf")
+    for extra in ({}, {"top_k": 40}):
+        b = ts.create_backend("gumbel_full", ts.SamplingBackendConfig(
+            max_bs=BS, max_req_pool_size=BS, vocab_size=V, device=device))
+        params = [ts.SamplingParams(seed=60 + i, temperature=0.5, top_p=top_p, **extra)
+                  for i in range(BS)]
+        drawn = set()
+        for position in range(40):
+            b.prepare_step([f"r{i}" for i in range(BS)], list(range(1, BS + 1)), params)
+            tokens, _ = run(b, logits, BS, position, b.device)
+            drawn.update(tokens.tolist())
+        assert drawn == set(ids[:keep]), (extra, sorted(drawn))

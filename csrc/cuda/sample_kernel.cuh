@@ -415,11 +415,7 @@ __device__ RowPlan plan_row(const LogitsRow<T>& x, const RowInput& row, SampleSm
   if (best.z == INFINITY) {
     p.kind = kRowInf;
     const int32_t m = (row.top_k_on && n_inf > row.top_k) ? row.top_k : n_inf;
-    const float mf = static_cast<float>(m);
-    int32_t keep = 0;
-    for (int32_t j = threadIdx.x; j < m; j += kSampleThreads)
-      if (f_div(static_cast<float>(j), mf) < row.top_p) ++keep;
-    keep = max(block_sum(keep, sm.red_i), 1);
+    const int32_t keep = inf_row_top_p_count(row.top_p, m);
     if (keep < n_inf) {
       p.inf_cut = ordered_select(
           V, keep - 1, [&](int32_t i) { return load_processed(x, row, sm, i) == INFINITY; }, sm);

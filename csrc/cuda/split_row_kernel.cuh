@@ -422,9 +422,7 @@ __device__ int32_t sample_ranked_prefix(const Candidate* buf, int m, const RowPa
     if (threadIdx.x == 0) {
       int m_inf = 0;
       while (m_inf < m && buf[m_inf].z == INFINITY) ++m_inf;
-      int keep = 0;
-      while (keep < m_inf && static_cast<float>(keep) / static_cast<float>(m_inf) < p.top_p) ++keep;
-      *keep_count = max(keep, 1);
+      *keep_count = inf_row_top_p_count(p.top_p, m_inf);
     }
     __syncthreads();
     Candidate c{kNegInf, kNoId};

@@ -122,10 +122,7 @@ RowDistribution filter_row(const float* logits, const RowContext& ctx) {
     for (int32_t i = 0; i < V; ++i)
       if (l[i] == INFINITY) d.kept.push_back(i);
     if (top_k_on && static_cast<int32_t>(d.kept.size()) > k) d.kept.resize(k);
-    const float m = static_cast<float>(d.kept.size());
-    size_t keep = 0;
-    while (keep < d.kept.size() && static_cast<float>(keep) / m < top_p) ++keep;
-    d.kept.resize(std::max<size_t>(keep, 1));
+    d.kept.resize(inf_row_top_p_count(top_p, static_cast<int32_t>(d.kept.size())));
     d.kept_z.assign(d.kept.size(), 0.0f);
     return d;
   }

@@ -80,6 +80,14 @@ TS_HD uint64_t top_p_limit(float top_p, uint64_t total) {
   return static_cast<uint64_t>(ceil(static_cast<double>(top_p) * static_cast<double>(total)));
 }
 
+// §3.1 with top-p: the m +inf entries of a +inf row share its mass evenly, so top-p keeps the
+// first ceil(p * m) of them, at least one: the rule above with a mass of 1 each (the same count
+// as for m tied finite tokens, whose masses are 2^32 each).
+TS_HD int32_t inf_row_top_p_count(float top_p, int32_t m) {
+  const uint64_t limit = top_p_limit(top_p, static_cast<uint64_t>(m));
+  return limit < 1 ? 1 : limit > static_cast<uint64_t>(m) ? m : static_cast<int32_t>(limit);
+}
+
 // §4 rejection sampling: a kept token's target probability is its top-p mass over the kept set's
 // total (one double division), and a positive residual p - q weighs its Gumbel draw by
 // portable_log, so CPU and CUDA accept and resample identically. (p >= 2^-55 and q is a float, so
