@@ -66,7 +66,7 @@ def build_slots(params, V, prompts=None, with_min_p=True):
 
 
 def run_sample(logits, slots, lengths, table, hcap, bcap, n=1, candidates=None,
-               penalties=True, mode=0, route=0, top_n=0, logprobs=True):
+               penalties=True, mode=0, route=0, top_n=0, logprobs=True, max_top_k=0):
     dev = logits.device
     rows = logits.size(0)
     out = torch.full((rows,), -7, dtype=torch.int32, device=dev)
@@ -75,19 +75,20 @@ def run_sample(logits, slots, lengths, table, hcap, bcap, n=1, candidates=None,
     tv = torch.zeros(rows, top_n, dtype=torch.float32, device=dev) if top_n else None
     ti = torch.zeros(rows, top_n, dtype=torch.int64, device=dev) if top_n else None
     OPS.sample_rows(logits, slots.to(dev), lengths.to(dev), table.to(dev), hcap, bcap, n,
-                    None if candidates is None else candidates.to(dev), penalties, mode, route, 0,
-                    out, inv, lp, tv, ti)
+                    None if candidates is None else candidates.to(dev), penalties, mode, route,
+                    max_top_k, out, inv, lp, tv, ti)
     return out, inv, lp, tv, ti
 
 
 def compare(logits, mgr, slots, lengths, route, n=1, candidates=None, penalties=True, mode=0,
-            top_n=0, lp_atol=1e-4):
+            top_n=0, lp_atol=1e-4, max_top_k=0):
     slots_t = torch.tensor(slots, dtype=torch.int32)
     table = mgr.table
     cpu = run_sample(logits, slots_t, lengths, table, mgr.history_capacity, mgr.bias_capacity, n,
-                     candidates, penalties, mode, route, top_n)
+                     candidates, penalties, mode, route, top_n, max_top_k=max_top_k)
     gpu = run_sample(logits.cuda(), slots_t, lengths, table, mgr.history_capacity,
-                     mgr.bias_capacity, n, candidates, penalties, mode, route, top_n)
+                     mgr.bias_capacity, n, candidates, penalties, mode, route, top_n,
+                     max_top_k=max_top_k)
     gpu = [None if t is None else t.cpu() for t in gpu]
     differ = (cpu[0] != gpu[0]).nonzero().flatten().tolist()
     assert not differ, f"rows {differ}: CPU {cpu[0][differ].tolist()}, CUDA {gpu[0][differ].tolist()}"
@@ -122,12 +123,19 @@ def test_sample_rows_matches_cpu(route, dtype, V):
     mgr, slots, sel = build_slots(params, V)
     lengths = torch.tensor([0] + [rng.randrange(1 << 20) for _ in slots], dtype=torch.int32)
     logits = random_logits(bs, V, dtype, gen)
+    # The step's largest k, as the backends pass it for top-k routes: lets top-k steps take the
+    # split-row path (0, "unknown", keeps them off it).
+    ks = [p.top_k for p in params if p.top_k is not None and 0 < p.top_k < V]
     for mode in (0, 1):
         # Processed logprobs of top-p rows: the kept mass summed in another order on each
         # device (double on both; the fused no-filter sum in fp32 on the GPU).
         atol = 1e-3 if mode == 1 and ("top_p" in route or route == "generic") else 1e-4
-        compare(logits, mgr, slots, lengths, ROUTES[route], mode=mode, lp_atol=atol)
-        compare(logits, mgr, slots, lengths, sel, mode=mode, lp_atol=atol)
+        for r in (ROUTES[route], sel):
+            max_top_k = max(ks, default=0) if _C.is_top_k_route(_C.Route(r)) else 0
+            compare(logits, mgr, slots, lengths, r, mode=mode, lp_atol=atol)
+            if max_top_k:
+                compare(logits, mgr, slots, lengths, r, mode=mode, lp_atol=atol,
+                        max_top_k=max_top_k)
 
 
 @pytest.mark.parametrize("V", [1000, 151936])
