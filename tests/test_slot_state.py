@@ -115,6 +115,25 @@ def test_slot_recycle_flips(backend):
     assert backend.seed_pool[2].item() == 99
 
 
+def test_a_request_that_comes_back_to_a_slot_it_left_flips_it(backend):
+    """A request owns one slot: after moving 1 -> 2, slot 1 is no longer its own, so moving
+    back 2 -> 1 rewrites slot 1 with its latest parameters (DESIGN §2), and the route follows
+    them; swaps within one step too."""
+    backend.prepare_step(["x"], [1], [sp(temperature=0.0)])
+    latest = sp(temperature=1.0, top_k=5, seed=7)
+    backend.prepare_step(["x"], [2], [latest])
+    assert backend.slots.owner(1) is None and backend.slots.owner(2) == "x"
+    backend.prepare_step(["x"], [1], [latest])
+    assert backend.slots.owner(1) == "x" and backend.slots.owner(2) is None
+    assert backend.temperature_pool[1].item() == pytest.approx(1.0)
+    assert backend.seed_pool[1].item() == 7
+    assert backend.cuda_graph_replay_variant(1) == "top_k"
+    backend.prepare_step(["x", "y"], [1, 2], [latest, sp(temperature=0.3, seed=8)])
+    backend.prepare_step(["x", "y"], [2, 1], [latest, sp(temperature=0.3, seed=8)])  # a swap
+    assert backend.slots.owner(1) == "y" and backend.slots.owner(2) == "x"
+    assert backend.seed_pool[1].item() == 8 and backend.seed_pool[2].item() == 7
+
+
 def test_full_scatters_penalties_min_p_and_bias(full):
     full.prepare_step(["a"], [3], [sp(frequency_penalty=0.5, presence_penalty=0.25,
                                       repetition_penalty=1.2, min_p=0.1,

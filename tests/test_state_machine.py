@@ -248,6 +248,8 @@ class SamplerMachine(RuleBasedStateMachine):
         for r in reqs:
             if self.owner.get(r.slot) != r.rid:  # a flip: the request's latest params
                 self.held[r.slot] = Held(r.rid, r.sp, r.prompt if pass_prompts else None, self.V)
+                # a request owns one slot: the one it left is nobody's (DESIGN §2)
+                self.owner = {s: o for s, o in self.owner.items() if o != r.rid}
                 self.owner[r.slot] = r.rid
                 STATS["flips"] += 1
         b = self.backend
@@ -354,9 +356,8 @@ class SamplerMachine(RuleBasedStateMachine):
         elif action == "change_params":
             self.requests[rid].sp = make_params(params, self.V)
         else:
-            # a slot this request was not the last owner of (returning to the very slot it
-            # left, with nobody in between, is not a flip by DESIGN §2's definition)
-            targets = [s for s in self.free_slots() if self.owner.get(s) != rid]
+            # any free slot, the one it left included: coming back there is a flip too
+            targets = self.free_slots()
             if targets:
                 self.requests[rid].slot = data.draw(st.sampled_from(targets), label="to")
                 STATS["moves"] += 1
@@ -460,8 +461,10 @@ class SamplerMachine(RuleBasedStateMachine):
                 row_invalid = not (~np.isnan(rv) & (rv > -inf)).any()
                 # A rejected draft has p < q there, so max(p - q, 0) cannot return it, unless q is
                 # no distribution (clamped to 1 at the draft: the residual can be empty and the
-                # row then takes its target sample, which may be the draft).
-                if not (rejection and (row_invalid or (b, a - 1) in q_over_one)):
+                # row then takes its target sample, which may be the draft). An invalid row ends
+                # the chain in both modes (DESIGN §4), whatever the draft.
+                ended = bool(invalid[b * n + a - 1])
+                if not (ended or (rejection and (row_invalid or (b, a - 1) in q_over_one))):
                     assert c[a] != p[a - 1], f"{what}: draft {c[a]} equals the token yet rejected"
             if h.records:
                 for t in p[:a]:

@@ -163,10 +163,21 @@ Route SlotStateManager::prepare_step(
                prompt_token_ids.empty() ? std::nullopt : prompt_token_ids[i]);
     }
     upload(flipped, staged);
-    for (size_t f = 0; f < flipped.size(); ++f) owners_[flipped[f]] = request_ids[sources[f]];
+    for (size_t f = 0; f < flipped.size(); ++f) claim(flipped[f], request_ids[sources[f]]);
     rows_written_ += static_cast<int64_t>(flipped.size());
   }
   return select_route(params, vocab_size_, with_min_p_);
+}
+
+void SlotStateManager::claim(int64_t slot, const std::string& rid) {
+  if (owners_[slot]) {
+    const auto held = slot_of_.find(*owners_[slot]);
+    if (held != slot_of_.end() && held->second == slot) slot_of_.erase(held);
+  }
+  const auto before = slot_of_.find(rid);
+  if (before != slot_of_.end() && before->second != slot) owners_[before->second].reset();
+  owners_[slot] = rid;
+  slot_of_[rid] = slot;
 }
 
 void SlotStateManager::reset_slot(int64_t slot) {
@@ -174,6 +185,10 @@ void SlotStateManager::reset_slot(int64_t slot) {
   auto staged = torch::empty({1, layout_.row_words()}, torch::kInt32);
   pack_row(staged[0].data_ptr<int32_t>(), SlotParams{}, std::nullopt);
   upload({slot}, staged);
+  if (owners_[slot]) {
+    const auto held = slot_of_.find(*owners_[slot]);
+    if (held != slot_of_.end() && held->second == slot) slot_of_.erase(held);
+  }
   owners_[slot].reset();
 }
 

@@ -10,6 +10,7 @@
 
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "slot_params.h"
@@ -55,6 +56,11 @@ class SlotStateManager {
   torch::Device device_;
   torch::Tensor table_;
   std::vector<std::optional<std::string>> owners_;
+  std::unordered_map<std::string, int64_t> slot_of_;  // each owner's slot (owners_ inverted)
+
+  // Gives `slot` to request `rid`: the slot's previous owner loses it, and so does the slot rid
+  // held before, so that coming back to it is a flip (DESIGN §2).
+  void claim(int64_t slot, const std::string& rid);
   int64_t rows_written_ = 0;
 };
 
