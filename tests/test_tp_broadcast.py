@@ -41,6 +41,29 @@ def _worker(rank, world, port, results):
     dist.destroy_process_group()
 
 
+def _dp_worker(rank, world, port, results):
+    """Attention-DP: ranks (0, 1) and (2, 3) are two TP groups, each its own broadcast."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    import tokensampler as ts
+
+    group = (0, 1) if rank < 2 else (2, 3)
+    cfg = ts.SamplingBackendConfig(max_bs=2, max_req_pool_size=4, vocab_size=50, device="cpu",
+                                   tp_group=group)
+    backend = ts.create_backend("gumbel", cfg)
+    extra = torch.full((3,), float(rank))
+    backend.maybe_broadcast(extra)
+    results[rank] = extra.tolist()
+    dist.destroy_process_group()
+
+
+def test_maybe_broadcast_keeps_to_its_own_tp_group():
+    manager = mp.Manager()
+    results = manager.dict()
+    mp.spawn(_dp_worker, args=(4, _free_port(), results), nprocs=4, join=True)
+    assert [results[r] for r in range(4)] == [[0.0] * 3, [0.0] * 3, [2.0] * 3, [2.0] * 3]
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_maybe_broadcast_rank0_wins_with_one_packed_collective(world):
     manager = mp.Manager()

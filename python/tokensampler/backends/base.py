@@ -64,8 +64,19 @@ class SamplingBackend(ABC):
         if config.enable_tp_sync and config.tp_group is not None and len(config.tp_group) > 1:
             if not dist.is_initialized():
                 raise ValueError(f"tp_group={config.tp_group} needs torch.distributed to be initialised")
-            self._tp_group = dist.new_group(list(config.tp_group))
-            self._tp_src = config.tp_group[0]
+            own = tuple(config.tp_group)
+            if dist.get_rank() not in own:
+                raise ValueError(f"tp_group={config.tp_group} does not hold this rank "
+                                 f"({dist.get_rank()})")
+            # new_group is collective over the whole world, in the same order on every rank:
+            # every rank creates every rank's group (attention-DP has several) and keeps its own.
+            groups = [None] * dist.get_world_size()
+            dist.all_gather_object(groups, own)
+            for group in sorted(set(groups)):
+                handle = dist.new_group(list(group))
+                if group == own:
+                    self._tp_group = handle
+            self._tp_src = own[0]
 
     # ---- step preparation (host side, outside CUDA graphs) ----
     def prepare_step(self, request_ids: Sequence[str], request_pool_indices: Sequence[int],
