@@ -44,6 +44,23 @@ def test_greedy_verify_accepts_matching_prefix():
     assert predict[4:6].tolist() == [21, 22]
 
 
+def test_greedy_verify_publishes_each_rows_logprobs():
+    """Verify publishes logprobs as sample does: each row's own argmax (raw, or 0.0 in processed
+    mode) and its top-N."""
+    n = 3
+    logits = torch.randn(2 * n, VOCAB, generator=torch.Generator().manual_seed(4))
+    candidates = torch.tensor([[1, 2, 3], [4, 5, 6]], dtype=torch.int32)
+    for mode in ("raw", "processed"):
+        b = ts.create_backend("greedy", make_config(enable_output_logprobs=True, logprobs_mode=mode,
+                                                    top_logprobs_num=2))
+        out = ts.LogitsProcessorOutput(logits)
+        b.verify(out, batch_info([1, 2]), candidates)
+        ref = torch.log_softmax(logits, -1)
+        want = ref.max(-1).values if mode == "raw" else torch.zeros(2 * n)
+        torch.testing.assert_close(out.next_token_logprobs, want, atol=1e-5, rtol=0)
+        assert out.next_token_top_logprobs_idx[:, 0].tolist() == logits.argmax(-1).tolist()
+
+
 def test_greedy_logprobs_raw_and_processed():
     logits = torch.randn(2, VOCAB)
     for mode, expect in (("raw", None), ("processed", 0.0)):

@@ -163,6 +163,8 @@ class _FlashInferMixin:
         predict.copy_(tokens.view(-1).to(torch.int32))
         torch.add(emitted, 1, out=accept)
         self._record_history(sampling_info, predict, accept, n)
+        if self._logprobs is not None or self._top_values is not None:
+            self._emitted_logprobs(logits, predict)  # logits: masked above
         self._publish_logprobs(logits_output, rows)
         return predict, accept
 

@@ -62,4 +62,8 @@ class GreedySamplingBackend(SamplingBackend):
         predict, accept = self._packed[0, :rows], self._packed[1, :candidates.size(0)]
         torch.ops.tokensampler.verify_chain(candidates, target, predict, accept,
                                             self.invalid_rows[:rows])
+        if self._logprobs is not None or self._top_values is not None:
+            # each row's own target, as the sampling backends' chain verify gives
+            self._raw_logprobs(self._masked(logits, sampling_info), target)
+            self._publish_logprobs(logits_output, rows)
         return predict, accept

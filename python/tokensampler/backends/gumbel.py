@@ -241,14 +241,11 @@ class GumbelSamplingBackend(SamplingBackend):
             None if self._top_ids is None else self._top_ids[:rows], self._workspace,
             sampling_info.token_bitmask)
 
-    def _rejection_logprobs(self, logits: torch.Tensor, sampling_info: SamplingBatchInfo,
-                            predict: torch.Tensor) -> None:
+    def _emitted_logprobs(self, masked_logits: torch.Tensor, predict: torch.Tensor) -> None:
         """DESIGN §3.8 for rejection-sampling verify, whose kernels emit tokens only: each row's
         raw logprob at its token, NaN for the rows past a request's accepted tokens (they hold
         none), and every row's top-N, from the masked logits (torch ops, logprobs.py)."""
-        if sampling_info.token_bitmask is not None:
-            logits = apply_token_bitmask(logits, sampling_info.token_bitmask)
-        raw_logprobs_at(logits, predict.clamp(min=0), self._logprobs, self._top_values,
+        raw_logprobs_at(masked_logits, predict.clamp(min=0), self._logprobs, self._top_values,
                         self._top_ids)
         if self._logprobs is not None:
             rows = predict.numel()
@@ -297,7 +294,9 @@ class GumbelSamplingBackend(SamplingBackend):
                 candidates, sampling_info.draft_probs, self._FULL, *self._route_args(),
                 predict, accept, self.invalid_rows[:rows], sampling_info.token_bitmask)
             if wants_logprobs:
-                self._rejection_logprobs(logits, sampling_info, predict)
+                bitmask = sampling_info.token_bitmask
+                self._emitted_logprobs(
+                    logits if bitmask is None else apply_token_bitmask(logits, bitmask), predict)
         else:
             target = self._target[:rows]
             self._sample_rows(logits, sampling_info, n, candidates, target)
