@@ -117,7 +117,8 @@ def _worker(rank, world, port, results, dist_backend):
 
     def verifier():
         b = ts.create_backend("gumbel_full", ts.SamplingBackendConfig(
-            max_bs=BS, max_draft_tokens_per_req=n, max_req_pool_size=BS, vocab_size=V, device=dev))
+            max_bs=BS, max_draft_tokens_per_req=n, max_req_pool_size=BS, vocab_size=V, device=dev,
+            enable_output_logprobs=True))
         b.prepare_step([f"v{i}" for i in range(BS)], list(range(1, BS + 1)),
                        [ts.SamplingParams(seed=i, temperature=0.8, top_k=20, frequency_penalty=0.7)
                         for i in range(BS)], num_tokens_per_req=n, prompt_token_ids=[[1]] * BS)
@@ -130,12 +131,14 @@ def _worker(rank, world, port, results, dist_backend):
     probe, _ = verifier().verify(ts.LogitsProcessorOutput(logits.clone()), info, candidates)
     candidates[::2, 1] = probe.view(BS, n)[::2, 0]  # even requests: first draft accepted
     full, sampler = verifier(), VocabParallelSampler(verifier(), offset, size)
-    p_full, a_full = full.verify(ts.LogitsProcessorOutput(logits.clone()), info, candidates)
-    p_shard, a_shard = sampler.verify(
-        ts.LogitsProcessorOutput(logits[:, offset:offset + size].contiguous()), info, candidates)
+    o_full = ts.LogitsProcessorOutput(logits.clone())
+    p_full, a_full = full.verify(o_full, info, candidates)
+    o_shard = ts.LogitsProcessorOutput(logits[:, offset:offset + size].contiguous())
+    p_shard, a_shard = sampler.verify(o_shard, info, candidates)
     assert a_full.max() > 1, "no draft was accepted: the verify check is too weak"
     out["verify"] = ([p_full.tolist(), a_full.tolist()], [p_shard.tolist(), a_shard.tolist()],
-                     0.0, full.penalty_history(1), sampler.backend.penalty_history(1), 0)
+                     _logprob_error([o_full.next_token_logprobs], [o_shard.next_token_logprobs]),
+                     full.penalty_history(1), sampler.backend.penalty_history(1), 0)
     results[rank] = out
     dist.destroy_process_group()
 
@@ -208,8 +211,10 @@ def _one_rank_sampler(tmp_path, max_bs=2, n=3):
 def test_bad_inputs_are_refused_as_the_backend_refuses_them(tmp_path):
     """The sampler runs the backend's checks (one validation): batch and draft sizes, the shard
     width, int64 ids outside int32 (saturated, so rejected like any id outside [0, V), not
-    wrapped into the vocabulary), and draft_probs / token_bitmask (refused, not ignored)."""
+    wrapped into the vocabulary), and draft_probs / token_bitmask (refused, not ignored); a
+    backend whose processed or top-N logprobs it cannot give is refused at construction."""
     import tokensampler as ts
+    from tokensampler.vocab_parallel import VocabParallelSampler
 
     b, sampler, info = _one_rank_sampler(tmp_path)
     try:
@@ -228,6 +233,11 @@ def test_bad_inputs_are_refused_as_the_backend_refuses_them(tmp_path):
                                      draft_probs=torch.full((2, 2, V), 1.0 / V))
         with pytest.raises(ValueError, match="draft_probs"):
             sampler.verify(out(6), probs, torch.zeros(2, 3, dtype=torch.int32))
+        for bad in (dict(enable_output_logprobs=True, logprobs_mode="processed"),
+                    dict(top_logprobs_num=2)):
+            other = ts.create_backend("gumbel", ts.SamplingBackendConfig(vocab_size=V, **bad))
+            with pytest.raises(ValueError, match="logprobs_mode|top_logprobs_num"):
+                VocabParallelSampler(other, 0, V)
         logits = torch.randn(6, V)
         first = b.verify(ts.LogitsProcessorOutput(logits.clone()), info,
                          torch.zeros(2, 3, dtype=torch.int32))[0].view(2, 3)[:, 0].clone()

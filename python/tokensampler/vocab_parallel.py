@@ -49,6 +49,15 @@ class VocabParallelSampler:
         if not isinstance(backend, GumbelSamplingBackend):
             raise TypeError(f"backend must be a gumbel or gumbel_full backend, got {type(backend).__name__}")
         vocab = backend.config.vocab_size
+        cfg = backend.config
+        # What it cannot publish yet is refused, not silently replaced by something else.
+        if cfg.enable_output_logprobs and cfg.logprobs_mode == "processed":
+            raise ValueError("logprobs_mode='processed' is not available from vocab-parallel "
+                             "sampling (raw logprobs only): build the backend with "
+                             "logprobs_mode='raw'")
+        if cfg.top_logprobs_num > 0:
+            raise ValueError(f"top_logprobs_num={cfg.top_logprobs_num}: top-N logprobs are not "
+                             "available from vocab-parallel sampling yet")
         if not (0 <= vocab_offset and shard_size >= 1 and vocab_offset + shard_size <= vocab):
             raise ValueError(f"shard [{vocab_offset}, {vocab_offset + shard_size}) is outside "
                              f"the vocabulary [0, {vocab})")
@@ -285,4 +294,7 @@ class VocabParallelSampler:
         torch.ops.tokensampler.verify_chain(candidates, target, predict, accept,
                                             b.invalid_rows[:rows])
         b._record_history(info, predict, accept, n)
+        if b._logprobs is not None:  # each row's own target, as the backend's chain verify
+            b._logprobs[:rows].copy_(self.raw_logprobs(shard, target))
+            logits_output.next_token_logprobs = b._logprobs[:rows]
         return predict, accept
