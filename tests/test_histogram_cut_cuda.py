@@ -134,6 +134,19 @@ def test_large_step_of_every_top_p_row_kind():
     _compare(row, logits, prompts=prompts)
 
 
+def test_boundary_parameters_match_cpu():
+    """Rows the CPU-only semantics tests cover, on the CUDA paths: top-p 1e-6 (cut bin 0, limit
+    about 1), min-p 0.9999 (tau about z_max), temperatures at the greedy boundary (1e-5 is
+    greedy, 2e-5 samples with z about 1e5) and top-k 1, in one mixed step."""
+    V, bs = 151936, 8
+    logits = torch.randn(bs, V, generator=torch.Generator().manual_seed(51)) * 2
+    logits[3, 100:110] = logits[3].max()  # exact ties at the top
+    rows = [dict(top_p=1e-6), dict(min_p=0.9999), dict(temperature=1e-5, top_p=0.9),
+            dict(temperature=2e-5, top_p=0.9), dict(temperature=2e-5, min_p=0.1),
+            dict(top_k=1), dict(temperature=2e-5), dict(top_p=1e-6, min_p=0.5)]
+    _compare(lambda i: ts.SamplingParams(seed=40 + i, **rows[i]), logits)
+
+
 def _nudged(x, steps):
     """x moved by steps[i] ulps (|steps| <= 2), element by element."""
     up, down = torch.tensor(float("inf")), torch.tensor(float("-inf"))

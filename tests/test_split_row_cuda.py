@@ -13,6 +13,7 @@ CASES = {
     "no_filter": dict(temperature=0.8),
     "top_k": dict(temperature=0.7, top_k=50),
     "top_k_512": dict(temperature=1.0, top_k=512),
+    "top_k_256": dict(temperature=0.9, top_k=256),  # k == the chunk kernel's threads
     "top_k_top_p": dict(temperature=0.7, top_k=50, top_p=0.9),
     "top_k_top_p_min_p_free": dict(temperature=1.3, top_k=200, top_p=0.5),
 }
@@ -238,3 +239,22 @@ def test_every_capture_variant_replays_eager_tokens_at_a_smaller_batch(name, n):
             assert torch.equal(accepted[:bs], e_accepted), (variant, t)
         if name == "gumbel_full":
             assert torch.equal(graphed.slots.table[1:bs + 1], eager.slots.table[1:bs + 1])
+
+
+@pytest.mark.parametrize("params", [dict(temperature=0.8), dict(temperature=0.7, top_k=50),
+                                    dict(temperature=0.7, top_k=50, top_p=0.9),
+                                    dict(temperature=0.9, top_p=0.8), dict(temperature=0.9, min_p=0.05)],
+                         ids=["no_filter", "top_k", "top_k_top_p", "top_p", "min_p"])
+def test_row_strided_logits_match_cpu(params):
+    """Logits that are a view of wider rows (an engine's padded vocabulary: row stride V + 5, V
+    odd) give the CPU's tokens on the split-row and histogram-cut paths."""
+    V, bs = 50257, 6
+    wide = torch.randn(bs, V + 5, generator=torch.Generator().manual_seed(8)) * 2
+    logits = wide[:, :V]
+    cpu, gpu = backends(V, bs, name="gumbel_full")
+    sps = [ts.SamplingParams(seed=70 + i, **params) for i in range(bs)]
+    for b in (cpu, gpu):
+        b.prepare_step([f"r{i}" for i in range(bs)], list(range(1, bs + 1)), sps)
+    t_cpu, _ = run(cpu, logits, bs, 5, "cpu")
+    t_gpu, _ = run(gpu, wide.cuda()[:, :V], bs, 5, "cuda")
+    assert torch.equal(t_cpu, t_gpu.cpu())
