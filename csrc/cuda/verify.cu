@@ -17,12 +17,10 @@ __global__ void verify_chain_kernel(const int32_t* __restrict__ cand, const int3
                                     int32_t* __restrict__ predict, int32_t* __restrict__ accept) {
   const int64_t b = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (b >= bs) return;
-  int64_t accepted = 0;  // an invalid row's token (0, §3.1) ends the chain, as in rejection
-  while (accepted + 1 < n && !(invalid && invalid[b * n + accepted]) &&
-         cand[b * n + accepted + 1] == y[b * n + accepted])
-    ++accepted;
-  for (int64_t j = 0; j < n; ++j) predict[b * n + j] = j <= accepted ? y[b * n + j] : -1;
-  accept[b] = static_cast<int32_t>(accepted + 1);
+  const int32_t length =
+      chain_accept_length(cand + b * n, y + b * n, invalid ? invalid + b * n : nullptr, n);
+  for (int64_t j = 0; j < n; ++j) predict[b * n + j] = j < length ? y[b * n + j] : -1;
+  accept[b] = length;
 }
 
 void verify_chain(const at::Tensor& candidates, const at::Tensor& target_tokens,

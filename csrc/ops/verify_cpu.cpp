@@ -27,12 +27,9 @@ void verify_chain(const at::Tensor& candidates, const at::Tensor& target_tokens,
   int32_t* predict = out_predict.data_ptr<int32_t>();
   int32_t* accept = out_accept_length.data_ptr<int32_t>();
   for (int64_t b = 0; b < bs; ++b) {
-    int64_t accepted = 0;  // an invalid row's token (0, §3.1) ends the chain, as in rejection
-    while (accepted + 1 < n && !(invalid && invalid[b * n + accepted]) &&
-           cand[b * n + accepted + 1] == y[b * n + accepted])
-      ++accepted;
-    for (int64_t j = 0; j < n; ++j) predict[b * n + j] = j <= accepted ? y[b * n + j] : -1;
-    accept[b] = static_cast<int32_t>(accepted + 1);
+    accept[b] =
+        chain_accept_length(cand + b * n, y + b * n, invalid ? invalid + b * n : nullptr, n);
+    for (int64_t j = 0; j < n; ++j) predict[b * n + j] = j < accept[b] ? y[b * n + j] : -1;
   }
 }
 

@@ -88,6 +88,18 @@ TS_HD int32_t inf_row_top_p_count(float top_p, int32_t m) {
   return limit < 1 ? 1 : limit > static_cast<uint64_t>(m) ? m : static_cast<int32_t>(limit);
 }
 
+// §4 target-sampled chain matching of one request: cand and y its n candidates and target
+// tokens, invalid its rows' invalid flags (or null). Draft j >= 1 is accepted while every earlier
+// one was, row j - 1 is valid (an invalid row's token 0 ends the chain, as in rejection
+// sampling) and cand[j] == y[j - 1]. Returns the accept length (bonus included).
+TS_HD int32_t chain_accept_length(const int32_t* cand, const int32_t* y, const bool* invalid,
+                                  int64_t n) {
+  int64_t accepted = 0;
+  while (accepted + 1 < n && !(invalid && invalid[accepted]) && cand[accepted + 1] == y[accepted])
+    ++accepted;
+  return static_cast<int32_t>(accepted + 1);
+}
+
 // §4 rejection sampling: a kept token's target probability is its top-p mass over the kept set's
 // total (one double division), and a positive residual p - q weighs its Gumbel draw by
 // portable_log, so CPU and CUDA accept and resample identically. (p >= 2^-55 and q is a float, so
