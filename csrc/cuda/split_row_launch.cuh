@@ -78,7 +78,7 @@ std::array<unsigned char*, kSections> workspace_sections(const SampleRowsCall& c
   for (int64_t b : bytes) total += workspace_aligned(b);
   int64_t ticket_at = 0;
   if (c.workspace) {
-    const at::Tensor& w = *c.workspace;  // its type, device and size: check_sample_rows (op_checks.h)
+    const at::Tensor& w = *c.workspace;  // its type, device and size: check_sample_rows_call
     const int64_t served = workspace_rows(w.numel());
     TORCH_INTERNAL_ASSERT(rows <= served && total <= ticket_offset(served));  // the static_asserts
     storage = w;

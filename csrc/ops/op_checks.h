@@ -41,14 +41,20 @@ inline void check_logits(const at::Tensor& logits, const char* name = "logits") 
   TORCH_CHECK_VALUE(holds(logits.sym_stride(1) == 1), name, " rows must be contiguous");
 }
 
-inline void check_int32_vector(const at::Tensor& t, const char* name, const c10::SymInt& min_numel,
-                               const at::Device& device) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt, name, " must be int32, got ", t.scalar_type());
+inline void check_vector(const at::Tensor& t, at::ScalarType dtype, const char* dtype_name,
+                         const char* name, const c10::SymInt& min_numel, const at::Device& device) {
+  TORCH_CHECK_TYPE(t.scalar_type() == dtype, name, " must be ", dtype_name, ", got ",
+                   t.scalar_type());
   TORCH_CHECK_VALUE(t.dim() == 1 && holds(t.sym_numel() >= min_numel), name,
                     " must be 1-D with at least ", min_numel, " entries, got shape ",
                     t.sym_sizes());
   TORCH_CHECK_VALUE(t.device() == device, name, " is on ", t.device(), ", expected ", device);
   TORCH_CHECK_VALUE(holds(t.sym_is_contiguous()), name, " must be contiguous");
+}
+
+inline void check_int32_vector(const at::Tensor& t, const char* name, const c10::SymInt& min_numel,
+                               const at::Device& device) {
+  check_vector(t, at::kInt, "int32", name, min_numel, device);
 }
 
 // The slot table's layout: H and B are given, the prompt mask takes the rest of the width
@@ -261,16 +267,8 @@ inline void check_verify_chain_args(const at::Tensor& candidates, const at::Tens
   check_int32_vector(target_tokens, "target_tokens", bs * n, device);
   check_int32_vector(out_predict, "out_predict", bs * n, device);
   check_int32_vector(out_accept_length, "out_accept_length", bs, device);
-  if (target_invalid) {
-    const at::Tensor& t = *target_invalid;
-    TORCH_CHECK_TYPE(t.scalar_type() == at::kBool, "target_invalid must be bool, got ",
-                     t.scalar_type());
-    TORCH_CHECK_VALUE(t.dim() == 1 && holds(t.sym_numel() >= bs * n) && holds(t.sym_is_contiguous()),
-                      "target_invalid must be contiguous 1-D with at least ", bs * n,
-                      " entries, got shape ", t.sym_sizes());
-    TORCH_CHECK_VALUE(t.device() == device, "target_invalid is on ", t.device(), ", expected ",
-                      device);
-  }
+  if (target_invalid)
+    check_vector(*target_invalid, at::kBool, "bool", "target_invalid", bs * n, device);
 }
 
 inline void check_verify_rejection_args(
