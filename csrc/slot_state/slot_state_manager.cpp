@@ -169,13 +169,16 @@ Route SlotStateManager::prepare_step(
   return select_route(params, vocab_size_, with_min_p_);
 }
 
+void SlotStateManager::release(int64_t slot) {
+  if (!owners_[slot]) return;
+  slot_of_.erase(*owners_[slot]);
+  owners_[slot].reset();
+}
+
 void SlotStateManager::claim(int64_t slot, const std::string& rid) {
-  if (owners_[slot]) {
-    const auto held = slot_of_.find(*owners_[slot]);
-    if (held != slot_of_.end() && held->second == slot) slot_of_.erase(held);
-  }
-  const auto before = slot_of_.find(rid);
-  if (before != slot_of_.end() && before->second != slot) owners_[before->second].reset();
+  release(slot);
+  const auto held = slot_of_.find(rid);
+  if (held != slot_of_.end()) release(held->second);
   owners_[slot] = rid;
   slot_of_[rid] = slot;
 }
@@ -185,11 +188,7 @@ void SlotStateManager::reset_slot(int64_t slot) {
   auto staged = torch::empty({1, layout_.row_words()}, torch::kInt32);
   pack_row(staged[0].data_ptr<int32_t>(), SlotParams{}, std::nullopt);
   upload({slot}, staged);
-  if (owners_[slot]) {
-    const auto held = slot_of_.find(*owners_[slot]);
-    if (held != slot_of_.end() && held->second == slot) slot_of_.erase(held);
-  }
-  owners_[slot].reset();
+  release(slot);
 }
 
 }  // namespace tokensampler

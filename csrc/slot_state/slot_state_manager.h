@@ -61,6 +61,8 @@ class SlotStateManager {
   // Gives `slot` to request `rid`: the slot's previous owner loses it, and so does the slot rid
   // held before, so that coming back to it is a flip (DESIGN §2).
   void claim(int64_t slot, const std::string& rid);
+  // Leaves `slot` without an owner (a request owns one slot, so owners_ and slot_of_ invert).
+  void release(int64_t slot);
   int64_t rows_written_ = 0;
 };
 
