@@ -48,8 +48,8 @@ class VocabParallelSampler:
                  group: dist.ProcessGroup | None = None, max_candidates: int = 1024) -> None:
         if not isinstance(backend, GumbelSamplingBackend):
             raise TypeError(f"backend must be a gumbel or gumbel_full backend, got {type(backend).__name__}")
-        vocab = backend.config.vocab_size
         cfg = backend.config
+        vocab = cfg.vocab_size
         # What it cannot publish yet is refused, not silently replaced by something else.
         if cfg.enable_output_logprobs and cfg.logprobs_mode == "processed":
             raise ValueError("logprobs_mode='processed' is not available from vocab-parallel "

@@ -208,6 +208,11 @@ class SamplingBackend(ABC):
                                      self.config.vocab_size)
         return logits, candidates
 
+    @property
+    def _wants_logprobs(self) -> bool:
+        """Whether steps publish logprobs or top-N logprobs (the config asked for either)."""
+        return self._logprobs is not None or self._top_values is not None
+
     def _publish_logprobs(self, logits_output: LogitsProcessorOutput, rows: int) -> None:
         if self._logprobs is not None:
             logits_output.next_token_logprobs = self._logprobs[:rows]

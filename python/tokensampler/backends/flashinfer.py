@@ -130,7 +130,7 @@ class _FlashInferMixin:
     def _sample_rows(self, logits, sampling_info, n, candidates, out) -> None:
         logits = self._masked(logits, sampling_info)
         processed, *_ = self._draw(logits, sampling_info, n, candidates, out)
-        if self._logprobs is not None or self._top_values is not None:
+        if self._wants_logprobs:
             raw_logprobs_at(logits, out, self._logprobs, self._top_values, self._top_ids)
 
     def verify(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo,
@@ -163,7 +163,7 @@ class _FlashInferMixin:
         predict.copy_(tokens.view(-1).to(torch.int32))
         torch.add(emitted, 1, out=accept)
         self._record_history(sampling_info, predict, accept, n)
-        if self._logprobs is not None or self._top_values is not None:
+        if self._wants_logprobs:
             self._emitted_logprobs(logits, predict)  # logits: masked above
         self._publish_logprobs(logits_output, rows)
         return predict, accept

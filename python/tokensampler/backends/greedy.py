@@ -20,14 +20,14 @@ class GreedySamplingBackend(SamplingBackend):
         self._argmax(logits, sampling_info.token_bitmask, tokens)
         lengths = self._packed[1, :bs]
         lengths.fill_(1)
-        if self._logprobs is not None or self._top_values is not None:
+        if self._wants_logprobs:
             self._raw_logprobs(self._masked(logits, sampling_info), tokens)
             self._publish_logprobs(logits_output, bs)
         return tokens, lengths
 
     def _reads_masked_logits(self) -> bool:
         # argmax_rows applies token_bitmask itself; only logprobs read masked logits.
-        return self._logprobs is not None or self._top_values is not None
+        return self._wants_logprobs
 
     def _argmax(self, logits: torch.Tensor, bitmask: torch.Tensor | None, out: torch.Tensor) -> None:
         """out = each row's argmax of the logits (DESIGN §3.0–3.1: tokens the bitmask disallows
@@ -62,7 +62,7 @@ class GreedySamplingBackend(SamplingBackend):
         predict, accept = self._packed[0, :rows], self._packed[1, :candidates.size(0)]
         torch.ops.tokensampler.verify_chain(candidates, target, predict, accept,
                                             self.invalid_rows[:rows])
-        if self._logprobs is not None or self._top_values is not None:
+        if self._wants_logprobs:
             # each row's own target, as the sampling backends' chain verify gives
             self._raw_logprobs(self._masked(logits, sampling_info), target)
             self._publish_logprobs(logits_output, rows)

@@ -282,8 +282,7 @@ class GumbelSamplingBackend(SamplingBackend):
         rows, (bs, n) = logits.size(0), candidates.shape
         predict, accept = self._packed[0, :rows], self._packed[1, :bs]
         if sampling_info.draft_probs is not None:
-            wants_logprobs = self._logprobs is not None or self._top_values is not None
-            if wants_logprobs and self.config.logprobs_mode == "processed":
+            if self._wants_logprobs and self.config.logprobs_mode == "processed":
                 raise ValueError(
                     "draft_probs: rejection-sampling verify gives raw logprobs only, and this "
                     "backend was built with logprobs_mode='processed' (verify without "
@@ -293,7 +292,7 @@ class GumbelSamplingBackend(SamplingBackend):
                 self.slots.table, self.slots.history_capacity, self.slots.bias_capacity,
                 candidates, sampling_info.draft_probs, self._FULL, *self._route_args(),
                 predict, accept, self.invalid_rows[:rows], sampling_info.token_bitmask)
-            if wants_logprobs:
+            if self._wants_logprobs:
                 bitmask = sampling_info.token_bitmask
                 self._emitted_logprobs(
                     logits if bitmask is None else apply_token_bitmask(logits, bitmask), predict)
