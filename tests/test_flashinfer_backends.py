@@ -191,3 +191,46 @@ def test_processed_logprobs_are_refused_first(name, device, monkeypatch):
     for ok in (cfg(device, enable_output_logprobs=True),
                cfg(device, logprobs_mode="processed")):
         assert adapter.flashinfer_config_refusal(ok) is None
+
+
+def test_an_invalid_row_ends_the_chain_in_the_post_pass():
+    """The FlashInfer adapters' rejection verify ends a chain at its first emitted invalid row
+    (DESIGN §4: token 0, accept up to and including it, nothing flagged past it); rows past the
+    chain are -1. Four requests of 3 rows: none invalid; row 1 invalid but accepted through by
+    FlashInfer; row 2 invalid past the chain; row 0 invalid."""
+    from tokensampler.backends.flashinfer import end_chains_at_invalid_rows
+
+    predict = torch.tensor([5, 6, 7, 5, 0, 9, 4, -1, -1, 3, 8, -1], dtype=torch.int32)
+    accept = torch.tensor([3, 3, 1, 2], dtype=torch.int32)
+    invalid = torch.tensor([0, 0, 0, 0, 1, 0, 0, 0, 1, 1, 0, 1], dtype=torch.bool)
+    end_chains_at_invalid_rows(predict, accept, invalid)
+    assert accept.tolist() == [3, 2, 1, 1]
+    assert predict.tolist() == [5, 6, 7, 5, 0, -1, 4, -1, -1, 0, -1, -1]
+    assert invalid.tolist() == [False] * 4 + [True] + [False] * 4 + [True, False, False]
+
+
+@pytest.mark.cuda
+@needs_fi
+def test_full_adapter_rejection_verify_ends_at_an_invalid_row():
+    """A draft the target surely accepts (one-hot target and draft) at row 0, then an invalid
+    row whose draft is token 0, which FlashInfer alone would accept too (the invalid row's
+    stand-in distribution is token 0): the chain ends there with token 0, accept 2."""
+    Vs, n = 16, 3
+    backend = ts.create_backend("flashinfer_full", ts.SamplingBackendConfig(
+        max_bs=1, max_draft_tokens_per_req=n, max_req_pool_size=2, vocab_size=Vs, device="cuda"))
+    backend.prepare_step(["r"], [1], [ts.SamplingParams(seed=3)], num_tokens_per_req=n)
+    logits = torch.full((n, Vs), -1e4)
+    logits[0, 5] = 10.0
+    logits[1] = float("-inf")
+    logits[2, 7] = 10.0
+    q = torch.zeros(1, n - 1, Vs)
+    q[0, 0, 5] = 1.0
+    q[0, 1, 0] = 1.0
+    candidates = torch.tensor([[2, 5, 0]], dtype=torch.int32, device="cuda")
+    info = ts.SamplingBatchInfo(torch.tensor([1], dtype=torch.int32, device="cuda"),
+                                torch.zeros(3, dtype=torch.int32, device="cuda"), Vs, "cuda",
+                                draft_probs=q.cuda())
+    predict, accept = backend.verify(ts.LogitsProcessorOutput(logits.cuda()), info, candidates)
+    assert accept.tolist() == [2]
+    assert predict.tolist() == [5, 0, -1]
+    assert backend.invalid_rows[:n].tolist() == [False, True, False]

@@ -135,3 +135,22 @@ def test_rows_without_finite_or_inf_logits_are_flagged_invalid():
     candidates = torch.zeros(2, 2, dtype=torch.int32)
     b.verify(ts.LogitsProcessorOutput(logits), batch_info([1, 2]), candidates)
     assert b.invalid_rows[:4].tolist() == [False, True, True, False]
+
+
+def test_argmax_rows_flags_rows_the_bitmask_empties():
+    """argmax_rows' out_invalid: a row is invalid when nothing allowed is finite or +inf
+    (DESIGN §3.0–3.1); the flags are written for every row, valid ones included."""
+    V = 70
+    logits = torch.randn(4, V)
+    bits = torch.full((4, 3), -1, dtype=torch.int32)
+    bits[0] = 0                                   # nothing allowed
+    bits[1] = 0
+    bits[1, 2] = 1 << 3                           # token 67 alone allowed
+    logits[2, :] = float("-inf")                  # allowed, but all -inf
+    logits[3, 5] = float("nan")
+    tokens = torch.full((4,), -1, dtype=torch.int32)
+    invalid = torch.tensor([False, True, False, True])
+    torch.ops.tokensampler.argmax_rows(logits, tokens, bits, invalid)
+    assert invalid.tolist() == [True, False, True, False]
+    assert tokens.tolist()[:3] == [0, 67, 0]
+    assert tokens[3].item() == logits[3].nan_to_num(float("-inf")).argmax().item()

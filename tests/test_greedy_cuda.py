@@ -41,8 +41,38 @@ def test_ties_nan_and_all_minus_inf():
     logits[1, 4321] = -3.0                          # NaN counts as -inf
     logits[2, :] = float("-inf")                    # all -inf -> 0
     logits[3, [10, 4999]] = float("inf")            # +inf tie -> 10
-    tokens, _ = backend(V).sample(ts.LogitsProcessorOutput(logits), info(4, V))
+    b = backend(V)
+    tokens, _ = b.sample(ts.LogitsProcessorOutput(logits), info(4, V))
     assert tokens.tolist() == [17, 4321, 0, 10]
+    assert b.invalid_rows[:4].tolist() == [False, False, True, False]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_invalid_flags_match_cpu_with_a_bitmask(dtype):
+    """argmax_rows' out_invalid (DESIGN §3.1) on CUDA equals the CPU kernel's, on rows made
+    invalid by -inf, NaN or the grammar mask, and on rows one allowed entry keeps valid."""
+    V = 40000
+    words = (V + 31) // 32
+    logits = torch.randn(6, V).to(dtype)
+    bits = torch.full((6, words), -1, dtype=torch.int32)
+    logits[0] = float("-inf")
+    logits[1] = float("nan")
+    bits[2] = 0                                   # every token disallowed
+    bits[3] = 0
+    bits[3, 1000] = 1 << 5                        # token 32005 alone allowed
+    logits[4] = float("-inf")
+    logits[4, 39999] = float("inf")
+    logits[5, 123] = float("nan")
+    out = {}
+    for device in ("cpu", "cuda"):
+        tokens = torch.full((6,), -1, dtype=torch.int32, device=device)
+        invalid = torch.ones(6, dtype=torch.bool, device=device)
+        torch.ops.tokensampler.argmax_rows(logits.to(device), tokens, bits.to(device), invalid)
+        out[device] = (tokens.cpu(), invalid.cpu())
+    assert torch.equal(out["cuda"][0], out["cpu"][0])
+    assert torch.equal(out["cuda"][1], out["cpu"][1])
+    assert out["cpu"][1].tolist() == [True, True, True, False, False, False]
+    assert out["cpu"][0].tolist()[:5] == [0, 0, 0, 32005, 39999]
 
 
 def test_greedy_verify_on_cuda():

@@ -48,6 +48,8 @@ def argmax_rows_cases(device):
     for dtype in (torch.float32, torch.bfloat16):
         yield (_logits(3, device, dtype, requires_grad=dtype == torch.float32),
                torch.empty(3, dtype=torch.int32, device=device))
+    yield (_logits(3, device, torch.float32), torch.empty(3, dtype=torch.int32, device=device),
+           None, torch.empty(3, dtype=torch.bool, device=device))
 
 
 def sample_rows_cases(device):
@@ -200,6 +202,10 @@ def _bad_variants():
     yield "gumbel_noise", "int32 seeds", [g[0].int()] + g[1:]
     a = list(next(argmax_rows_cases("cpu")))
     yield "argmax_rows", "3-D logits", [a[0].detach().view(1, 3, V), a[1]]
+    yield "argmax_rows", "int32 out_invalid", [a[0].detach(), a[1], None,
+                                               torch.empty(3, dtype=torch.int32)]
+    yield "argmax_rows", "short out_invalid", [a[0].detach(), a[1], None,
+                                               torch.empty(2, dtype=torch.bool)]
 
 
 @pytest.mark.parametrize("name,what,args", list(_bad_variants()),

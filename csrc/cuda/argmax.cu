@@ -13,8 +13,9 @@ namespace tokensampler::cuda {
 namespace {
 
 void argmax_rows(const at::Tensor& logits, at::Tensor& out_tokens,
-                 const std::optional<at::Tensor>& token_bitmask) {
-  check_argmax_rows_args(logits, out_tokens, token_bitmask);
+                 const std::optional<at::Tensor>& token_bitmask,
+                 const std::optional<at::Tensor>& out_invalid) {
+  check_argmax_rows_args(logits, out_tokens, token_bitmask, out_invalid);
   const int64_t rows = logits.size(0);
   if (rows == 0) return;
   const c10::cuda::CUDAGuard guard(logits.device());
@@ -24,7 +25,8 @@ void argmax_rows(const at::Tensor& logits, at::Tensor& out_tokens,
     using T = decltype(tag);
     argmax_rows_kernel<T, kThreads><<<rows, kThreads, 0, stream>>>(
         logits.data_ptr<T>(), logits.stride(0), bitmask_rows(token_bitmask),
-        static_cast<int32_t>(logits.size(1)), out_tokens.data_ptr<int32_t>());
+        static_cast<int32_t>(logits.size(1)), out_tokens.data_ptr<int32_t>(),
+        out_invalid ? out_invalid->data_ptr<bool>() : nullptr);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

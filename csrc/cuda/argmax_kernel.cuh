@@ -1,5 +1,5 @@
 // Row argmax (greedy sampling): NaN and tokens the grammar bitmask disallows count as -inf, ties
-// go to the lowest token id.
+// go to the lowest token id. A row whose argmax is -inf is invalid (DESIGN §3.1).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,7 +13,8 @@ namespace tokensampler::cuda {
 template <typename T, int kThreads>
 __global__ void argmax_rows_kernel(const T* __restrict__ logits, int64_t row_stride,
                                    BitmaskRows token_bitmask, int32_t vocab,
-                                   int32_t* __restrict__ out_tokens) {
+                                   int32_t* __restrict__ out_tokens,
+                                   bool* __restrict__ out_invalid) {
   const LogitsRow<T> row = logits_row(logits, row_stride, token_bitmask, blockIdx.x);
   Candidate best{kNegInf, vocab};
   for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
@@ -27,8 +28,11 @@ __global__ void argmax_rows_kernel(const T* __restrict__ logits, int64_t row_str
   if (warp == 0) {
     best = lane < kThreads / 32 ? per_warp[lane] : Candidate{kNegInf, vocab};
     best = warp_best(best);
-    // An all -inf row has no strictly better candidate than the sentinel: token 0.
-    if (lane == 0) out_tokens[blockIdx.x] = best.id < vocab ? best.id : 0;
+    // An all -inf row ties the sentinel at id 0 or beats it: token 0 either way.
+    if (lane == 0) {
+      out_tokens[blockIdx.x] = best.id < vocab ? best.id : 0;
+      if (out_invalid != nullptr) out_invalid[blockIdx.x] = !(best.z > kNegInf);
+    }
   }
 }
 

@@ -121,10 +121,13 @@ inline BitmaskRows bitmask_rows(const std::optional<at::Tensor>& token_bitmask) 
 }
 
 inline void check_argmax_rows_args(const at::Tensor& logits, const at::Tensor& out_tokens,
-                                   const std::optional<at::Tensor>& token_bitmask) {
+                                   const std::optional<at::Tensor>& token_bitmask,
+                                   const std::optional<at::Tensor>& out_invalid) {
   check_logits(logits);
   check_int32_vector(out_tokens, "out_tokens", logits.sym_size(0), logits.device());
   check_token_bitmask(token_bitmask, logits);
+  if (out_invalid)
+    check_vector(*out_invalid, at::kBool, "bool", "out_invalid", logits.sym_size(0), logits.device());
 }
 
 // The optional logprob outputs of sample_rows.

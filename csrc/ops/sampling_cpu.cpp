@@ -12,12 +12,14 @@ namespace tokensampler::cpu {
 namespace {
 
 void argmax_rows(const at::Tensor& logits, at::Tensor& out_tokens,
-                 const std::optional<at::Tensor>& token_bitmask) {
-  check_argmax_rows_args(logits, out_tokens, token_bitmask);
+                 const std::optional<at::Tensor>& token_bitmask,
+                 const std::optional<at::Tensor>& out_invalid) {
+  check_argmax_rows_args(logits, out_tokens, token_bitmask, out_invalid);
   const auto rows = logits.to(at::kFloat).contiguous();
   const int32_t V = static_cast<int32_t>(rows.size(1));
   const float* x = rows.data_ptr<float>();
   int32_t* out = out_tokens.data_ptr<int32_t>();
+  bool* invalid = out_invalid ? out_invalid->data_ptr<bool>() : nullptr;
   const BitmaskRows masks = bitmask_rows(token_bitmask);
   at::parallel_for(0, rows.size(0), 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -33,6 +35,7 @@ void argmax_rows(const at::Tensor& logits, at::Tensor& out_tokens,
         }
       }
       out[r] = best;
+      if (invalid) invalid[r] = !(best_value > kNegInf);
     }
   });
 }

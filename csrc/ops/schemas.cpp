@@ -20,8 +20,9 @@ namespace tokensampler {
 namespace {
 
 void argmax_rows_meta(const at::Tensor& logits, at::Tensor& out_tokens,
-                      const std::optional<at::Tensor>& token_bitmask) {
-  check_argmax_rows_args(logits, out_tokens, token_bitmask);
+                      const std::optional<at::Tensor>& token_bitmask,
+                      const std::optional<at::Tensor>& out_invalid) {
+  check_argmax_rows_args(logits, out_tokens, token_bitmask, out_invalid);
 }
 
 void sample_rows_meta(const at::Tensor& logits, const at::Tensor& req_pool_indices,
@@ -114,11 +115,14 @@ constexpr const char* kOps[] = {"argmax_rows",     "sample_rows",  "verify_chain
 }  // namespace tokensampler
 
 TORCH_LIBRARY(tokensampler, m) {
-  // Greedy: out_tokens[r] = argmax of row r (NaN as -inf, ties to the lowest id).
+  // Greedy: out_tokens[r] = argmax of row r (NaN as -inf, ties to the lowest id); with
+  // out_invalid, out_invalid[r] = row r has no allowed finite or +inf entry (DESIGN §3.1: its
+  // argmax, token 0, is -inf).
   // token_bitmask (every op that reads logits): int32 [rows, ceil(V/32)], the grammar mask of
   // DESIGN §3.0 in xgrammar's layout; a token whose bit is 0 counts as -inf before anything
   // else reads it, raw logprobs included.
-  m.def("argmax_rows(Tensor logits, Tensor(a!) out_tokens, Tensor? token_bitmask=None) -> ()");
+  m.def("argmax_rows(Tensor logits, Tensor(a!) out_tokens, Tensor? token_bitmask=None, "
+        "Tensor(b!)? out_invalid=None) -> ()");
   // DESIGN §3 for each logits row r: request b = r // tokens_per_req, j = r % tokens_per_req,
   // slot req_pool_indices[b], position valid_cache_lengths[slot] + j. With candidates, row j
   // sees drafts candidates[b, 1..j] in its penalty history. logprobs_mode: 0 raw, 1 processed.

@@ -269,9 +269,8 @@ class VocabParallelSampler:
         shard, _ = self._checked(logits_output, info)
         bs = shard.size(0)
         b = self.backend
-        tokens, lengths = b._packed[0, :bs], b._packed[1, :bs]
+        tokens, lengths = b._sample_outputs(bs)
         tokens.copy_(self._sample_rows(shard, info, 1, None))
-        lengths.fill_(1)
         b._record_history(info, tokens, lengths, 1)
         if b._logprobs is not None:
             b._logprobs[:bs].copy_(self.raw_logprobs(shard, tokens))
@@ -290,7 +289,7 @@ class VocabParallelSampler:
         shard, candidates = self._checked(logits_output, info, candidates=candidates)
         n, rows = candidates.size(1), candidates.numel()
         target = self._sample_rows(shard, info, n, candidates)
-        predict, accept = b._packed[0, :rows], b._packed[1, :candidates.size(0)]
+        predict, accept = b._verify_outputs(rows, candidates.size(0))
         torch.ops.tokensampler.verify_chain(candidates, target, predict, accept,
                                             b.invalid_rows[:rows])
         b._record_history(info, predict, accept, n)

@@ -41,9 +41,11 @@ class SamplingBackend(ABC):
         check_device_supported(device)
         self.device = device
         rows = config.max_bs * config.max_draft_tokens_per_req
-        # Row 0 of `_packed` holds output tokens, row 1 accept lengths: one D2H copy moves both.
-        self._packed = torch.zeros((2, rows), dtype=torch.int32, device=self.device)
-        self._packed[1].fill_(1)
+        # Row 0 of `_packed` holds output tokens, row 1 verify's accept lengths, row 2 sample's
+        # lengths: ones written here once, so a sample step launches no fill. One D2H copy moves
+        # tokens and lengths (`_sample_outputs`, `_verify_outputs`).
+        self._packed = torch.zeros((3, rows), dtype=torch.int32, device=self.device)
+        self._packed[2].fill_(1)
         self._target = torch.zeros(rows, dtype=torch.int32, device=self.device)
         # Per-row flag of DESIGN §3.1: the row had no finite and no +inf logit.
         self.invalid_rows = torch.zeros(rows, dtype=torch.bool, device=self.device)
@@ -109,17 +111,26 @@ class SamplingBackend(ABC):
         """DP sampling is not implemented by tokensampler's backends; nothing to configure."""
 
     # ---- outputs ----
+    def _sample_outputs(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """sample's (tokens, lengths) views of the packed buffer; the lengths are all 1."""
+        return self._packed[0, :bs], self._packed[2, :bs]
+
+    def _verify_outputs(self, rows: int, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """verify's (predict, accept_length) views of the packed buffer."""
+        return self._packed[0, :rows], self._packed[1, :bs]
+
     def get_packed_output_d2h(self, output_tokens: torch.Tensor, output_lengths: torch.Tensor
                               ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """CPU copies of (tokens, lengths) from one device-to-host copy, when both are the
         views this backend returned; None otherwise."""
         base = self._packed
-        if (output_tokens.untyped_storage().data_ptr() != base.untyped_storage().data_ptr()
-                or output_lengths.untyped_storage().data_ptr() != base.untyped_storage().data_ptr()):
+        outputs = (output_tokens, output_lengths)
+        if any(t.untyped_storage().data_ptr() != base.untyped_storage().data_ptr()
+               or t.storage_offset() % base.stride(0) != 0 for t in outputs):
             return None
-        width = max(output_tokens.numel(), output_lengths.numel())
-        host = base[:, :width].to("cpu")
-        return host[0, :output_tokens.numel()], host[1, :output_lengths.numel()]
+        host = base[:, :max(t.numel() for t in outputs)].to("cpu")
+        # each view is the head of one row of `_packed` (tokens, accept or sample lengths)
+        return tuple(host[t.storage_offset() // base.stride(0), :t.numel()] for t in outputs)
 
     def maybe_broadcast(self, *tensors: torch.Tensor) -> None:
         """Broadcasts the tensors from tp_group[0] so all attention-TP ranks agree. No-op

@@ -30,7 +30,7 @@ from .gumbel import GumbelSamplingBackend
 from .gumbel_full import GumbelFullSamplingBackend
 
 __all__ = ["FlashInferSamplingBackend", "FlashInferFullSamplingBackend", "flashinfer_unavailable_reason",
-           "flashinfer_config_refusal"]
+           "flashinfer_config_refusal", "end_chains_at_invalid_rows"]
 
 _ROUTES_WITH_MIN_P = (_C.Route.MIN_P, _C.Route.TOP_K_TOP_P_MIN_P, _C.Route.GENERIC)
 
@@ -59,6 +59,23 @@ def flashinfer_config_refusal(config) -> str | None:
                 "'gumbel_full' backend (same parameters, exact processed logprobs) or "
                 "logprobs_mode='raw'")
     return None
+
+
+def end_chains_at_invalid_rows(predict: torch.Tensor, accept: torch.Tensor,
+                               invalid: torch.Tensor) -> None:
+    """DESIGN §4 on a rejection-sampled chain whose kernel knows no invalid rows (FlashInfer's):
+    a request's first emitted row that is invalid (§3.1) emits token 0 and ends its chain.
+    In place, graph-safe: predict int32 [bs * n] (-1 past the chain), accept int32 [bs],
+    invalid bool [bs * n] (cleared past the chain, as tokensampler's own verify leaves it)."""
+    bs = accept.numel()
+    n = predict.numel() // bs
+    p, inv = predict.view(bs, n), invalid.view(bs, n)
+    pos = torch.arange(n, dtype=torch.int32, device=predict.device)
+    first = torch.where(inv, pos, n).amin(1, keepdim=True)  # n: no invalid row
+    accept.copy_(torch.minimum(accept, first.squeeze(1) + 1))
+    past = pos >= accept.unsqueeze(1)
+    p.copy_(torch.where(past, -1, torch.where(pos == first, 0, p)))
+    inv.masked_fill_(past, False)
 
 
 class _FlashInferMixin:
@@ -119,10 +136,8 @@ class _FlashInferMixin:
                                                    min_p, seed=seed, offset=offset)
         else:
             sampled = fs.top_k_top_p_sampling_from_logits(z, top_k, top_p, seed=seed, offset=offset)
-        argmax = self._argmax[:rows]
-        torch.ops.tokensampler.argmax_rows(processed, argmax)
-        invalid = self.invalid_rows[:rows]
-        torch.eq(processed.amax(-1), float("-inf"), out=invalid)
+        argmax, invalid = self._argmax[:rows], self.invalid_rows[:rows]
+        torch.ops.tokensampler.argmax_rows(processed, argmax, None, invalid)
         token = torch.where(greedy, argmax, sampled.to(torch.int32))
         out.copy_(token.masked_fill(invalid, 0))
         return processed, z, p
@@ -144,8 +159,11 @@ class _FlashInferMixin:
         _, z, (_, top_k, top_p, min_p, greedy, seed, offset) = self._draw(
             logits, sampling_info, n, candidates, target)
         probs = self._filtered_probs(z, top_k, top_p, min_p)
+        # Greedy rows put all mass on their argmax; invalid rows (no finite logit: NaN probs)
+        # on token 0, their target, so FlashInfer reads a distribution on every row.
         one_hot = torch.zeros_like(probs).scatter_(1, target.long().unsqueeze(1), 1.0)
-        probs = torch.where(greedy.unsqueeze(1), one_hot, probs)
+        invalid = self.invalid_rows[:rows]
+        probs = torch.where((greedy | invalid).unsqueeze(1), one_hot, probs)
         accepted, emitted = self._accepted[:bs], self._emitted[:bs]
         accepted.zero_()
         emitted.zero_()
@@ -159,9 +177,10 @@ class _FlashInferMixin:
             draft_probs, drafts, probs.view(bs, n, -1),
             accepted, emitted, seed=seed.view(bs, n)[:, 0].contiguous(),
             offset=offset.view(bs, n)[:, 0].contiguous())
-        predict, accept = self._packed[0, :rows], self._packed[1, :bs]
+        predict, accept = self._verify_outputs(rows, bs)
         predict.copy_(tokens.view(-1).to(torch.int32))
         torch.add(emitted, 1, out=accept)
+        end_chains_at_invalid_rows(predict, accept, invalid)
         self._record_history(sampling_info, predict, accept, n)
         if self._wants_logprobs:
             self._emitted_logprobs(logits, predict)  # logits: masked above

@@ -16,10 +16,8 @@ class GreedySamplingBackend(SamplingBackend):
                ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self._checked_logits(logits_output, sampling_info, 1)
         bs = logits.size(0)
-        tokens = self._packed[0, :bs]
+        tokens, lengths = self._sample_outputs(bs)
         self._argmax(logits, sampling_info.token_bitmask, tokens)
-        lengths = self._packed[1, :bs]
-        lengths.fill_(1)
         if self._wants_logprobs:
             self._raw_logprobs(self._masked(logits, sampling_info), tokens)
             self._publish_logprobs(logits_output, bs)
@@ -31,17 +29,9 @@ class GreedySamplingBackend(SamplingBackend):
 
     def _argmax(self, logits: torch.Tensor, bitmask: torch.Tensor | None, out: torch.Tensor) -> None:
         """out = each row's argmax of the logits (DESIGN §3.0–3.1: tokens the bitmask disallows
-        and NaN as -inf, ties to the lowest id), and invalid_rows (§3.1): the argmax of a row
-        with any allowed finite or +inf entry is one, so a row is invalid exactly when the logit
-        at its argmax is -inf, NaN or disallowed (one gathered value a row, no second read)."""
-        torch.ops.tokensampler.argmax_rows(logits, out, bitmask)
-        at = out.long().unsqueeze(1)
-        at_argmax = logits.gather(1, at).squeeze(1)
-        invalid = self.invalid_rows[:out.numel()]
-        torch.logical_or(torch.isnan(at_argmax), torch.isneginf(at_argmax), out=invalid)
-        if bitmask is not None:
-            word = bitmask.gather(1, at >> 5).squeeze(1)
-            invalid |= ((word >> (at.squeeze(1) & 31).to(torch.int32)) & 1) == 0
+        and NaN as -inf, ties to the lowest id), and invalid_rows (§3.1: no allowed finite or
+        +inf entry), in one kernel."""
+        torch.ops.tokensampler.argmax_rows(logits, out, bitmask, self.invalid_rows[:out.numel()])
 
     def _raw_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
         """DESIGN §3.8 logprobs: raw, or in processed mode 0.0 (-inf for an invalid row); the
@@ -59,7 +49,7 @@ class GreedySamplingBackend(SamplingBackend):
         rows = logits.size(0)
         target = self._target[:rows]
         self._argmax(logits, sampling_info.token_bitmask, target)
-        predict, accept = self._packed[0, :rows], self._packed[1, :candidates.size(0)]
+        predict, accept = self._verify_outputs(rows, candidates.size(0))
         torch.ops.tokensampler.verify_chain(candidates, target, predict, accept,
                                             self.invalid_rows[:rows])
         if self._wants_logprobs:

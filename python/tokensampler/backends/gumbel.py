@@ -269,9 +269,8 @@ class GumbelSamplingBackend(SamplingBackend):
                ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self._checked_logits(logits_output, sampling_info, 1)
         bs = logits.size(0)
-        tokens, lengths = self._packed[0, :bs], self._packed[1, :bs]
+        tokens, lengths = self._sample_outputs(bs)
         self._sample_rows(logits, sampling_info, 1, None, tokens)
-        lengths.fill_(1)
         self._record_history(sampling_info, tokens, lengths, 1)
         self._publish_logprobs(logits_output, bs)
         return tokens, lengths
@@ -280,7 +279,7 @@ class GumbelSamplingBackend(SamplingBackend):
                candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits, candidates = self._checked_verify(logits_output, sampling_info, candidates)
         rows, (bs, n) = logits.size(0), candidates.shape
-        predict, accept = self._packed[0, :rows], self._packed[1, :bs]
+        predict, accept = self._verify_outputs(rows, bs)
         if sampling_info.draft_probs is not None:
             if self._wants_logprobs and self.config.logprobs_mode == "processed":
                 raise ValueError(
