@@ -157,16 +157,21 @@ def _nudged(x, steps):
 
 
 @pytest.mark.parametrize("temperature", [0.05, 0.3, 1.3, 2.7])
-@pytest.mark.parametrize("case", ["top_p", "min_p", "top_p_min_p"])
+@pytest.mark.parametrize("case", ["top_p", "min_p", "top_p_min_p", "count_cut",
+                                  "count_cut_top_p"])
 def test_cut_path_decides_tokens_on_bin_edges(temperature, case):
     """A few dozen finite logits per row, each on or up to two ulps beside a histogram bin edge
     (z = z_max - j / 64) or the min-p threshold, at temperatures whose divisions round. The select
     kernel classifies tokens against raw-logit thresholds it finds once per block
     (lowest_logit_where), which must decide exactly as the per-token tests on z = x / T do; with
-    so few finite tokens each one's class can change the row's token."""
-    bs, V, finite = 32, 50257, 48
+    so few finite tokens each one's class can change the row's token. The count cut (top-k past
+    the split-row path's 512) gets 3000 such tokens, a dozen to a bin, so its k-th falls among
+    ties on an edge."""
+    bs, V = 32, 50257
+    finite = 3000 if case.startswith("count_cut") else 48
     params = {"top_p": dict(top_p=0.8), "min_p": dict(min_p=0.05),
-              "top_p_min_p": dict(top_p=0.9, min_p=0.1)}[case]
+              "top_p_min_p": dict(top_p=0.9, min_p=0.1), "count_cut": dict(top_k=700),
+              "count_cut_top_p": dict(top_k=1500, top_p=0.8)}[case]
     g = torch.Generator().manual_seed(int(temperature * 100) + len(case))
     x_max = torch.tensor(2.5 * temperature, dtype=torch.float32)
     z_max = x_max / temperature
@@ -219,11 +224,16 @@ def test_cut_path_penalties_match_cpu():
     _compare(row, logits, name="gumbel_full", prompts=prompts)
 
 
-def test_cut_path_verify_matches_cpu():
+@pytest.mark.parametrize("params", [
+    dict(top_p=0.85, presence_penalty=1.0),
+    # the count cut (k > 512) with every penalty, drafts in their history
+    dict(top_k=900, top_p=0.9, repetition_penalty=1.4, frequency_penalty=0.5,
+         presence_penalty=0.7),
+], ids=["top_p", "count_cut_penalties"])
+def test_cut_path_verify_matches_cpu(params):
     V, bs, n = 151936, 5, 4
     cpu, gpu = backends(V, bs, n=n, name="gumbel_full")
-    sps = [ts.SamplingParams(seed=3 + i, temperature=0.8, top_p=0.85, presence_penalty=1.0)
-           for i in range(bs)]
+    sps = [ts.SamplingParams(seed=3 + i, temperature=0.8, **params) for i in range(bs)]
     for b in (cpu, gpu):
         b.prepare_step([f"r{i}" for i in range(bs)], list(range(1, bs + 1)), sps,
                        num_tokens_per_req=n, prompt_token_ids=[[1, 2, 3]] * bs)

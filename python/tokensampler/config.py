@@ -72,9 +72,18 @@ class SamplingBackendConfig:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name}={value!r} must be an int, got {type(value).__name__}")
 
-        if not isinstance(self.enable_token_bitmask, bool):
-            raise TypeError(f"enable_token_bitmask={self.enable_token_bitmask!r} must be a bool, "
-                            f"got {type(self.enable_token_bitmask).__name__}")
+        for name in ("enable_nan_detection", "enable_output_logprobs", "enable_tp_sync",
+                     "enable_token_bitmask"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise TypeError(f"{name}={value!r} must be a bool, got {type(value).__name__}")
+        if self.tp_group is not None:
+            group = self.tp_group
+            if isinstance(group, (str, bytes)) or not isinstance(group, (list, tuple)) or any(
+                    isinstance(r, bool) or not isinstance(r, int) for r in group):
+                raise TypeError(f"tp_group={group!r} must be None or a list of int ranks")
+            need(len(set(group)) == len(group) and all(r >= 0 for r in group),
+                 f"tp_group={group!r} must hold distinct ranks >= 0")
 
         # Bounds keep every row and slot index in int32 and the buffers allocatable.
         need(1 <= self.max_bs <= MAX_BS, f"max_bs={self.max_bs!r} must be in [1, {MAX_BS}]")

@@ -116,6 +116,9 @@ class SamplingParams:
             # An int, or a string of decimal digits (OpenAI's JSON keys): int() alone would
             # also take " 5", "+5" and "5_0".
             if isinstance(key, str) and key.isascii() and key.isdigit():
+                if len(key) > 20:  # past 2^64, and past what int() converts without a limit
+                    raise ValueError(f"logit_bias key {key[:20]!r}... ({len(key)} digits) is "
+                                     f"outside [0, {vocab_size})")
                 token = int(key)
             elif isinstance(key, int) and not isinstance(key, bool):
                 token = key

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from typing import Sequence
 
@@ -29,8 +30,15 @@ class SamplingBackend(ABC):
     """
 
     def __init__(self, config: SamplingBackendConfig) -> None:
-        self.config = config.validate()
+        if not isinstance(config, SamplingBackendConfig):
+            raise TypeError(f"config must be a SamplingBackendConfig, got {type(config).__name__}")
+        # A copy: buffers are sized from it, so a later change to the caller's object must not
+        # reach this backend.
+        config = copy.deepcopy(config).validate()
+        self.config = config
         device = config.torch_device
+        if device.type == "cpu":
+            device = torch.device("cpu")  # "cpu:0" is the one CPU device tensors report as "cpu"
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device={config.device!r}: no CUDA device is available")
         if device.type == "cuda" and device.index is None:
@@ -88,20 +96,41 @@ class SamplingBackend(ABC):
         step = checks.check_step(self.config, request_ids, request_pool_indices,
                                  sampling_params_list, num_tokens_per_req, prompt_token_ids)
         for rid, sp in zip(step.rids, step.params):
-            checks.check_params(sp, rid, self.config.vocab_size)
+            self._check_applicable(checks.check_params(sp, rid, self.config.vocab_size), rid)
 
+    def _check_applicable(self, sp: SamplingParams, rid: str) -> None:
+        """Refuses (ValueError) a normalised field this stateless backend cannot honour."""
+
+    # ---- CUDA-graph capture: the shape is checked here, the subclasses' hooks do the rest ----
     def prepare_capture(self, bs: int, num_tokens_per_req: int = 1) -> None:
-        """Per-step refill for capture warm-up. Default: nothing to refill."""
+        """Per-step refill for capture warm-up."""
+        checks.check_capture_shape(self.config, bs, num_tokens_per_req)
+        self._prepare_capture(bs, num_tokens_per_req)
 
     def cuda_graph_capture_variants(self, num_tokens_per_req: int) -> tuple[str, ...]:
-        return (CUDA_GRAPH_VARIANT_DEFAULT,)
+        checks.check_capture_shape(self.config, None, num_tokens_per_req)
+        return self._capture_variants(num_tokens_per_req)
 
     def prepare_capture_variant(self, bs: int, num_tokens_per_req: int, variant: str) -> None:
-        if variant not in self.cuda_graph_capture_variants(num_tokens_per_req):
+        checks.check_capture_shape(self.config, bs, num_tokens_per_req)
+        if variant not in self._capture_variants(num_tokens_per_req):
             raise ValueError(f"Unsupported CUDA graph variant: {variant!r}")
-        self.prepare_capture(bs=bs, num_tokens_per_req=num_tokens_per_req)
+        self._prepare_capture_variant(bs, num_tokens_per_req, variant)
 
     def cuda_graph_replay_variant(self, num_tokens_per_req: int) -> str:
+        checks.check_capture_shape(self.config, None, num_tokens_per_req)
+        return self._replay_variant(num_tokens_per_req)
+
+    def _prepare_capture(self, bs: int, num_tokens_per_req: int) -> None:
+        """Default: nothing to refill."""
+
+    def _capture_variants(self, num_tokens_per_req: int) -> tuple[str, ...]:
+        return (CUDA_GRAPH_VARIANT_DEFAULT,)
+
+    def _prepare_capture_variant(self, bs: int, num_tokens_per_req: int, variant: str) -> None:
+        self._prepare_capture(bs, num_tokens_per_req)
+
+    def _replay_variant(self, num_tokens_per_req: int) -> str:
         return CUDA_GRAPH_VARIANT_DEFAULT
 
     def reset_capture_state(self) -> None:
@@ -125,8 +154,13 @@ class SamplingBackend(ABC):
         views this backend returned; None otherwise."""
         base = self._packed
         outputs = (output_tokens, output_lengths)
+        for name, t in zip(("output_tokens", "output_lengths"), outputs):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
         if any(t.untyped_storage().data_ptr() != base.untyped_storage().data_ptr()
-               or t.storage_offset() % base.stride(0) != 0 for t in outputs):
+               or t.dtype != base.dtype or t.dim() != 1 or t.stride(0) != 1
+               or t.storage_offset() % base.stride(0) != 0 or t.numel() > base.size(1)
+               for t in outputs):
             return None
         host = base[:, :max(t.numel() for t in outputs)].to("cpu")
         # each view is the head of one row of `_packed` (tokens, accept or sample lengths)
@@ -181,6 +215,7 @@ class SamplingBackend(ABC):
         logits = logits_output.next_token_logits
         if not isinstance(logits, torch.Tensor):
             raise TypeError(f"next_token_logits must be a tensor, got {type(logits).__name__}")
+        checks.check_dense(logits, "next_token_logits")
         if logits.device != self.device:
             raise ValueError(f"next_token_logits is on {logits.device}, but this backend's "
                              f"config.device is {self.device}")

@@ -19,9 +19,11 @@ from ..config import SamplingBackendConfig
 from ..params import SamplingParams
 
 __all__ = ["StepRequests", "check_step", "check_batch_info", "check_candidates",
-           "check_draft_probs", "check_params", "check_prompt", "check_token_bitmask"]
+           "check_draft_probs", "check_params", "check_prompt", "check_token_bitmask",
+           "check_capture_shape", "check_dense"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 
 
 def _index(value, name: str) -> int:
@@ -71,6 +73,11 @@ def check_step(config: SamplingBackendConfig, request_ids, request_pool_indices,
         raise ValueError(f"num_tokens_per_req={tokens_per_req} is outside [1, "
                          f"max_draft_tokens_per_req={config.max_draft_tokens_per_req}]")
     rids = [str(r) for r in request_ids]
+    for i, rid in enumerate(rids):
+        try:
+            rid.encode("utf-8")  # the slot manager's keys and the derived seeds read it as UTF-8
+        except UnicodeEncodeError:
+            raise ValueError(f"request_ids[{i}]={rid!r} is not valid Unicode text") from None
     if len(set(rids)) != n:
         dup = next(r for r in rids if rids.count(r) > 1)
         raise ValueError(f"request_ids holds {dup!r} twice: one request per row of a step")
@@ -104,9 +111,12 @@ def check_prompt(prompt, i: int, vocab_size: int) -> list[int] | None:
         return None
     name = f"prompt_token_ids[{i}]"
     if isinstance(prompt, torch.Tensor):
-        if prompt.dtype.is_floating_point or prompt.dtype == torch.bool or prompt.dim() != 1:
+        if prompt.dtype not in _INT_DTYPES or prompt.dim() != 1:
             raise TypeError(f"{name} must be a 1-D integer tensor or a list of ints, got "
                             f"{prompt.dtype} of shape {tuple(prompt.shape)}")
+        check_dense(prompt, name)
+        if prompt.device.type == "meta":
+            raise ValueError(f"{name} is a meta tensor: it holds no token ids")
         tokens = prompt.tolist()
     else:
         tokens = [_index(t, name) for t in _sequence(prompt, name)]
@@ -116,11 +126,18 @@ def check_prompt(prompt, i: int, vocab_size: int) -> list[int] | None:
     return tokens
 
 
+def check_dense(t: torch.Tensor, name: str) -> None:
+    """A tensor the kernels can read through its strides (not sparse, not nested)."""
+    if t.layout != torch.strided or t.is_nested:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+
+
 def _tensor(t, name: str, device: torch.device, *, dtypes=(torch.int32,)) -> torch.Tensor:
-    """A tensor argument: a tensor (TypeError), of one of `dtypes` (TypeError), on the backend's
-    device (ValueError); shapes are the caller's."""
+    """A tensor argument: a dense tensor (TypeError), of one of `dtypes` (TypeError), on the
+    backend's device (ValueError); shapes are the caller's."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+    check_dense(t, name)
     if t.dtype not in dtypes:
         raise TypeError(f"{name} must be {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
     if t.device != device:
@@ -132,7 +149,7 @@ def check_batch_info(config: SamplingBackendConfig, device: torch.device,
                      info: SamplingBatchInfo, bs: int) -> None:
     if not isinstance(info, SamplingBatchInfo):
         raise TypeError(f"sampling_info must be a SamplingBatchInfo, got {type(info).__name__}")
-    if isinstance(info.vocab_size, bool) or info.vocab_size != config.vocab_size:
+    if _index(info.vocab_size, "sampling_info.vocab_size") != config.vocab_size:
         raise ValueError(f"sampling_info.vocab_size={info.vocab_size!r} differs from "
                          f"config.vocab_size={config.vocab_size}")
     try:
@@ -190,3 +207,14 @@ def check_token_bitmask(config: SamplingBackendConfig, device: torch.device, bit
                          f"got {tuple(bitmask.shape)}")
     if bitmask.stride(1) != 1:
         raise ValueError(f"token_bitmask rows must be contiguous, got strides {bitmask.stride()}")
+
+
+def check_capture_shape(config: SamplingBackendConfig, bs, num_tokens_per_req) -> None:
+    """The shape a CUDA graph is captured or replayed for: bs in [1, max_bs] (None: not asked),
+    num_tokens_per_req in [1, max_draft_tokens_per_req]."""
+    n = _index(num_tokens_per_req, "num_tokens_per_req")
+    if not 1 <= n <= config.max_draft_tokens_per_req:
+        raise ValueError(f"num_tokens_per_req={n} is outside [1, "
+                         f"max_draft_tokens_per_req={config.max_draft_tokens_per_req}]")
+    if bs is not None and not 1 <= _index(bs, "bs") <= config.max_bs:
+        raise ValueError(f"bs={bs} is outside [1, max_bs={config.max_bs}]")

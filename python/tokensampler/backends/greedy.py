@@ -6,12 +6,23 @@ import torch
 
 from ..batch import LogitsProcessorOutput, SamplingBatchInfo
 from ..logprobs import raw_logprobs_at
+from ..params import SamplingParams
 from .base import SamplingBackend
+from .slot_params import penalty_field
 
 __all__ = ["GreedySamplingBackend"]
 
 
 class GreedySamplingBackend(SamplingBackend):
+    def _check_applicable(self, sp: SamplingParams, rid: str) -> None:
+        # Penalties and bias change which token is the argmax, and this backend keeps no
+        # history or bias: refused, not ignored. Temperature and the filters never change it.
+        field = penalty_field(sp) or (f"logit_bias with {len(sp.logit_bias)} entries"
+                                      if sp.logit_bias else None)
+        if field is not None:
+            raise ValueError(f"rid={rid!r}: backend 'greedy' does not apply {field}; use "
+                             f"'gumbel_full' (temperature 0 samples the argmax there)")
+
     def sample(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo
                ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self._checked_logits(logits_output, sampling_info, 1)

@@ -189,11 +189,11 @@ class GumbelSamplingBackend(SamplingBackend):
         sampled = p.temperature > 0 and p.top_k != 1
         return _Admitted(sp, p, (p.top_k if 0 < p.top_k < vocab else vocab) if sampled else 1)
 
-    def prepare_capture(self, bs: int, num_tokens_per_req: int = 1) -> None:
+    def _prepare_capture(self, bs: int, num_tokens_per_req: int) -> None:
         # Warm-up runs against pool row 0; the default graph must serve any mix of filters.
         self._route = _C.Route.GENERIC
 
-    def cuda_graph_capture_variants(self, num_tokens_per_req: int) -> tuple[str, ...]:
+    def _capture_variants(self, num_tokens_per_req: int) -> tuple[str, ...]:
         variants = (CUDA_GRAPH_VARIANT_DEFAULT, CUDA_GRAPH_VARIANT_NO_FILTER,
                     CUDA_GRAPH_VARIANT_TOP_P, CUDA_GRAPH_VARIANT_TOP_K,
                     CUDA_GRAPH_VARIANT_TOP_K_TOP_P)
@@ -204,15 +204,13 @@ class GumbelSamplingBackend(SamplingBackend):
     def _variant_routes(self) -> dict:
         return _VARIANT_ROUTES
 
-    def prepare_capture_variant(self, bs: int, num_tokens_per_req: int, variant: str) -> None:
-        if variant not in self.cuda_graph_capture_variants(num_tokens_per_req):
-            raise ValueError(f"Unsupported CUDA graph variant: {variant!r}")
+    def _prepare_capture_variant(self, bs: int, num_tokens_per_req: int, variant: str) -> None:
         self._route = self._variant_routes()[variant]
         # A captured top-k graph must serve any k its replays will see: up to the split-row
         # path's largest (steps with a larger k replay the default, generic graph).
         self.step_max_top_k = _C.SPLIT_ROW_MAX_TOP_K
 
-    def cuda_graph_replay_variant(self, num_tokens_per_req: int) -> str:
+    def _replay_variant(self, num_tokens_per_req: int) -> str:
         if self._route == _C.Route.GENERIC or (
                 _C.is_top_k_route(self._route) and self.step_max_top_k > _C.SPLIT_ROW_MAX_TOP_K):
             return CUDA_GRAPH_VARIANT_DEFAULT

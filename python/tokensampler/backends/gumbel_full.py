@@ -60,8 +60,8 @@ class GumbelFullSamplingBackend(GumbelSamplingBackend):
         values = row[s.bias_values_col:s.bias_values_col + n].view(torch.float32).tolist()
         return dict(zip(ids, values))
 
-    def cuda_graph_capture_variants(self, num_tokens_per_req: int) -> tuple[str, ...]:
-        return super().cuda_graph_capture_variants(num_tokens_per_req) + (
+    def _capture_variants(self, num_tokens_per_req: int) -> tuple[str, ...]:
+        return super()._capture_variants(num_tokens_per_req) + (
             CUDA_GRAPH_VARIANT_MIN_P, CUDA_GRAPH_VARIANT_TOP_K_TOP_P_MIN_P)
 
     def _variant_routes(self) -> dict:
