@@ -69,6 +69,7 @@ class SamplingBackend(ABC):
         self._bitmask_scratch = (TokenBitmaskScratch(rows, config.vocab_size, self.device)
                                  if config.enable_token_bitmask and self._reads_masked_logits()
                                  else None)
+        self._checked_params: dict[str, SamplingParams] = {}  # rid -> the object last validated
         self._tp_group = None
         self._tp_src = None
         if config.enable_tp_sync and config.tp_group is not None and len(config.tp_group) > 1:
@@ -92,11 +93,16 @@ class SamplingBackend(ABC):
     def prepare_step(self, request_ids: Sequence[str], request_pool_indices: Sequence[int],
                      sampling_params_list: Sequence[SamplingParams], num_tokens_per_req: int = 1,
                      *, prompt_token_ids: Sequence[Sequence[int] | None] | None = None) -> None:
-        """Flip detection and per-step route selection. Stateless backends only validate."""
+        """Flip detection and per-step route selection. Stateless backends only validate, each
+        SamplingParams object once (as the stateful ones read it: when first brought)."""
         step = checks.check_step(self.config, request_ids, request_pool_indices,
                                  sampling_params_list, num_tokens_per_req, prompt_token_ids)
+        checked = {}
         for rid, sp in zip(step.rids, step.params):
-            self._check_applicable(checks.check_params(sp, rid, self.config.vocab_size), rid)
+            if self._checked_params.get(rid) is not sp:
+                self._check_applicable(checks.check_params(sp, rid, self.config.vocab_size), rid)
+            checked[rid] = sp
+        self._checked_params = checked
 
     def _check_applicable(self, sp: SamplingParams, rid: str) -> None:
         """Refuses (ValueError) a normalised field this stateless backend cannot honour."""

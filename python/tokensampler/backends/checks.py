@@ -72,27 +72,33 @@ def check_step(config: SamplingBackendConfig, request_ids, request_pool_indices,
     if not 1 <= tokens_per_req <= config.max_draft_tokens_per_req:
         raise ValueError(f"num_tokens_per_req={tokens_per_req} is outside [1, "
                          f"max_draft_tokens_per_req={config.max_draft_tokens_per_req}]")
-    rids = [str(r) for r in request_ids]
-    for i, rid in enumerate(rids):
-        try:
-            rid.encode("utf-8")  # the slot manager's keys and the derived seeds read it as UTF-8
-        except UnicodeEncodeError:
-            raise ValueError(f"request_ids[{i}]={rid!r} is not valid Unicode text") from None
+    # Whole-list tests first (a steady step of 512 requests passes them in ~0.1 ms); the
+    # per-entry loops below run only to name what failed.
+    rids = list(map(str, request_ids))
+    try:
+        "".join(rids).encode("utf-8")  # the slot manager's keys and derived seeds read UTF-8
+    except UnicodeEncodeError:
+        for i, rid in enumerate(rids):
+            try:
+                rid.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(f"request_ids[{i}]={rid!r} is not valid Unicode text") from None
     if len(set(rids)) != n:
         dup = next(r for r in rids if rids.count(r) > 1)
         raise ValueError(f"request_ids holds {dup!r} twice: one request per row of a step")
-    slots = []
-    owner_of = {}
-    for i, value in enumerate(request_pool_indices):
-        slot = _index(value, f"request_pool_indices[{i}]")
-        if not 0 <= slot < config.pool_rows:
-            raise ValueError(f"request_pool_indices[{i}]={slot} is outside [0, "
-                             f"{config.pool_rows}) for rid={rids[i]!r}")
-        if slot in owner_of:
-            raise ValueError(f"request_pool_indices[{i}]={slot} is given to two requests in "
-                             f"one step ({owner_of[slot]!r}, {rids[i]!r})")
-        owner_of[slot] = rids[i]
-        slots.append(slot)
+    slots = list(request_pool_indices)
+    if not all(type(s) is int for s in slots):
+        slots = [_index(v, f"request_pool_indices[{i}]") for i, v in enumerate(slots)]
+    if n and (min(slots) < 0 or max(slots) >= config.pool_rows or len(set(slots)) != n):
+        owner_of = {}
+        for i, slot in enumerate(slots):
+            if not 0 <= slot < config.pool_rows:
+                raise ValueError(f"request_pool_indices[{i}]={slot} is outside [0, "
+                                 f"{config.pool_rows}) for rid={rids[i]!r}")
+            if slot in owner_of:
+                raise ValueError(f"request_pool_indices[{i}]={slot} is given to two requests "
+                                 f"in one step ({owner_of[slot]!r}, {rids[i]!r})")
+            owner_of[slot] = rids[i]
     return StepRequests(rids, slots, list(sampling_params_list),
                         None if prompt_token_ids is None else list(prompt_token_ids))
 
