@@ -56,15 +56,25 @@ void SlotStateManager::validate(
                       request_ids.size(), ", request_pool_indices=", pool_indices.size(),
                       ", sampling_params_list=", params.size(),
                       ", prompt_token_ids=", prompt_token_ids.size());
+  // One request per slot: entries sorted by (slot, index), so those naming one slot are
+  // adjacent (O(n log n): a step can hold thousands of requests).
+  std::vector<std::pair<int64_t, size_t>> by_slot(pool_indices.size());
   for (size_t i = 0; i < pool_indices.size(); ++i) {
     if (pool_indices[i] < 0 || pool_indices[i] >= pool_rows_)
       throw value_error("request_pool_indices[", i, "]=", pool_indices[i], " is outside [0, ",
                         pool_rows_, ") for rid=", request_ids[i]);
-    for (size_t j = 0; j < i; ++j)
-      if (pool_indices[j] == pool_indices[i] && request_ids[j] != request_ids[i])
-        throw value_error("request_pool_indices[", i, "]=", pool_indices[i],
-                          " is given to two requests in one step (", request_ids[j], ", ",
-                          request_ids[i], ")");
+    by_slot[i] = {pool_indices[i], i};
+  }
+  std::sort(by_slot.begin(), by_slot.end());
+  for (size_t k = 1; k < by_slot.size(); ++k) {
+    const auto [slot, first] = by_slot[k - 1];
+    const size_t i = by_slot[k].second;
+    if (by_slot[k].first == slot && request_ids[first] != request_ids[i])
+      throw value_error("request_pool_indices[", i, "]=", slot,
+                        " is given to two requests in one step (", request_ids[first], ", ",
+                        request_ids[i], ")");
+  }
+  for (size_t i = 0; i < pool_indices.size(); ++i) {
     // Parameter values are validated once, in Python (SamplingParams.normalize). What is
     // checked here keeps the table sound for any caller of this class: list sizes and token
     // ids the kernels index with, one request per slot, no NaN bias written to a slot.
