@@ -198,6 +198,47 @@ def test_penalties_history_drafts_bias(dtype, V):
     compare(logits[:bs], mgr, slots, lengths, 0, mode=0, top_n=5)
 
 
+@pytest.mark.parametrize("route,max_top_k", [(0, 0), (2, 40), (3, 0), (5, 0)],
+                         ids=["generic", "top_k_split_row", "top_p_cut", "min_p"])
+def test_verify_drafts_against_a_nearly_full_history(route, max_top_k):
+    """DESIGN §4 with a history of H = 4 distinct tokens, 2–4 of them used: a draft new to a
+    full history counts as nothing (plain decoding dropped it), others count. CPU == CUDA on
+    every path, and penalize_logits (the FlashInfer adapters' processed logits) too."""
+    rng = random.Random(29)
+    gen = torch.Generator().manual_seed(29)
+    V, n, bs, cap = 1000, 5, 12, 4
+    kw = {0: {}, 2: dict(top_k=40), 3: dict(top_p=0.9), 5: dict(min_p=0.05)}[route]
+    params = [ts.SamplingParams(seed=b, temperature=0.8, repetition_penalty=1.5,
+                                frequency_penalty=1.5, presence_penalty=0.5, **kw)
+              for b in range(bs)]
+    pool = bs + 1
+    mgr = _C.SlotStateManager(pool_rows=pool, vocab_size=V, history_capacity=cap,
+                              bias_capacity=B, with_min_p=True, device="cpu")
+    rids = [f"r{i}" for i in range(bs)]
+    slots = list(range(1, bs + 1))
+    mgr.prepare_step(rids, slots, [to_slot_params(p, r, V) for p, r in zip(params, rids)], [])
+    slots_t = torch.tensor(slots, dtype=torch.int32)
+    used = torch.tensor([rng.randrange(2, cap + 1) for _ in range(bs)], dtype=torch.int32)
+    history = torch.tensor([[10 * b + k for k in range(cap)] for b in range(bs)], dtype=torch.int32)
+    OPS.append_history(mgr.table, cap, B, slots_t, history.view(-1), used, cap)
+    # drafts: new tokens (some repeated), history tokens, in every order
+    pick = [[rng.choice([500 + b, 600 + b, 700 + b, 10 * b, 10 * b + 1]) for _ in range(n)]
+            for b in range(bs)]
+    cands = torch.tensor(pick, dtype=torch.int32)
+    logits = random_logits(bs * n, V, torch.float32, gen)
+    for b in range(bs):
+        logits[b * n:(b + 1) * n, sorted(set(pick[b]))] += 5.0
+    lengths = torch.tensor([0] + [rng.randrange(1000) for _ in slots], dtype=torch.int32)
+    compare(logits, mgr, slots, lengths, route, n=n, candidates=cands, max_top_k=max_top_k)
+    out = {}
+    for dev in ("cpu", "cuda"):
+        processed = torch.empty(bs * n, V, device=dev)
+        OPS.penalize_logits(logits.to(dev), slots_t.to(dev), mgr.table.to(dev), cap, B, n,
+                            cands.to(dev), 0, processed)
+        out[dev] = processed.cpu()
+    assert torch.equal(out["cpu"], out["cuda"])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_edge_rows(dtype):
     V = 1000

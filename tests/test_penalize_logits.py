@@ -36,3 +36,27 @@ def test_penalize_logits_matches_reference_with_drafts():
         ref = penalized(logits[j].double().numpy(), counts, [1, 4, 6], 1.7, 0.3, 0.6,
                         params["logit_bias"])
         np.testing.assert_allclose(out[j].double().numpy(), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_drafts_new_to_a_full_history_count_as_nothing():
+    """DESIGN §4: plain decoding drops a new token once the history holds H distinct ones, so a
+    verify row does not count such a draft (nor its repeats); a draft already listed counts."""
+    V, n = 20, 4
+    backend = ts.create_backend("gumbel_full", ts.SamplingBackendConfig(
+        max_bs=1, max_draft_tokens_per_req=n, max_req_pool_size=2, vocab_size=V, device="cpu",
+        penalty_history_capacity=2))
+    backend.prepare_step(["a"], [1], [ts.SamplingParams(seed=1, temperature=0.0,
+                                                        frequency_penalty=1.0)])
+    info = ts.SamplingBatchInfo(torch.tensor([1], dtype=torch.int32),
+                                torch.zeros(3, dtype=torch.int32), V, "cpu")
+    forcing = torch.full((1, V), -50.0)
+    forcing[0, 3] = 50.0
+    backend.sample(ts.LogitsProcessorOutput(forcing), info)  # history {3: 1}, one entry free
+    logits = torch.zeros(n, V)
+    candidates = torch.tensor([[0, 7, 8, 7]], dtype=torch.int32)  # 7 takes the entry, 8 cannot
+    out = torch.empty(n, V)
+    torch.ops.tokensampler.penalize_logits(
+        logits, torch.tensor([1], dtype=torch.int32), backend.slots.table,
+        backend.slots.history_capacity, backend.slots.bias_capacity, n, candidates, 0, out)
+    assert out[3, 3].item() == -1.0 and out[3, 7].item() == -2.0 and out[3, 8].item() == 0.0
+    assert out[2, 7].item() == -1.0 and out[2, 8].item() == 0.0

@@ -142,6 +142,36 @@ def test_verify_rows_see_earlier_drafts_in_their_penalties():
     assert int(accept[0]) == n and predict.tolist() == decoded
 
 
+@pytest.mark.parametrize("capacity", [1, 2, 3, 5])
+def test_plain_decode_equals_verify_as_the_history_fills(capacity):
+    """A penalty history of H distinct tokens drops a new token once full (append_history), so
+    verify must not count a draft plain decoding dropped (DESIGN §4): for histories filled to
+    every level by forced steps, then 4 sampled steps with strong penalties over a vocabulary
+    of 6, verify accepts all 4 drafts and predicts the plain tokens."""
+    V, n = 6, 4
+    params = ts.SamplingParams(seed=2, temperature=0.4, repetition_penalty=1.6,
+                               frequency_penalty=1.2, presence_penalty=0.3)
+    g = torch.Generator().manual_seed(capacity)
+    for case in range(12):
+        forced = torch.randint(0, V, (case % 7,), generator=g).tolist()
+        L = torch.randn(n, V, generator=g)
+        backends = [make(V=V, penalty_history_capacity=capacity) for _ in range(2)]
+        for b in backends:
+            b.prepare_step(["a"], [1], [params], num_tokens_per_req=n)
+            for t, token in enumerate(forced):
+                one_hot = torch.full((1, V), -1e4)
+                one_hot[0, token] = 1e4
+                sample(b, one_hot, [1], [t])
+        plain, spec = backends
+        t0 = len(forced)
+        decoded = [int(sample(plain, L[j:j + 1], [1], [t0 + j])[0]) for j in range(n)]
+        candidates = torch.tensor([[0] + decoded[:-1]], dtype=torch.int32)
+        predict, accept = spec.verify(ts.LogitsProcessorOutput(L), info([1], [t0], V=V),
+                                      candidates)
+        assert (int(accept[0]), predict.tolist()) == (n, decoded), (forced, decoded)
+        assert spec.penalty_history(1) == plain.penalty_history(1)
+
+
 def test_verify_rejects_at_first_mismatch():
     decoded, *_ = decode_then_verify(dict(temperature=1.0))
     V, n = 80, 4
@@ -376,3 +406,23 @@ def test_rejection_verify_refuses_processed_logprobs():
                        info([1], [3], V=50, draft_probs=torch.full((1, 1, 50), 0.02)),
                        torch.tensor([[0, 5]], dtype=torch.int32))
     assert torch.equal(backend.slots.table, before)
+
+
+def test_top_p_limit_is_the_exact_ceiling_of_p_times_the_total():
+    """§3.6 keeps a token while the mass before it is below ceil(p * total), exactly: here
+    total = 1024 * 2^32 + M_A + M_B = 4398382047316 and the mass before the last token is
+    4398381785152 = floor(p * total) for p = 1 - 2^-24, so the ceiling keeps it (a double
+    product rounds p * total down to that integer and would drop it). Rejection verify of a
+    draft of it with q ~ 0 then accepts it: its target probability is positive."""
+    V = 1026
+    x = torch.zeros(2, V)
+    x[:, 1024] = -2.550251007080078  # mass 335274048
+    x[:, 1025] = -9.703984260559082  # mass 262164, ranked last
+    b = make(V=V, bs=1, n=2)
+    b.prepare_step(["r"], [1], [ts.SamplingParams(temperature=1.0, top_p=1 - 2**-24, seed=1)],
+                   num_tokens_per_req=2)
+    q = torch.full((1, 1, V), 1.0 / V)
+    q[0, 0, 1025] = 1e-30
+    predict, accept = b.verify(ts.LogitsProcessorOutput(x), info([1], [0], V=V, draft_probs=q),
+                               torch.tensor([[0, 1025]], dtype=torch.int32))
+    assert int(accept[0]) == 2 and predict.tolist()[0] == 1025

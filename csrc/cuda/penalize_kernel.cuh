@@ -23,15 +23,12 @@ __global__ void penalize_rows_kernel(float* __restrict__ out, int32_t vocab,
   float* row = out + r * vocab;
   const int32_t* drafts = candidates ? candidates + b * tokens_per_req + 1 : nullptr;
   const int32_t num_drafts = candidates ? j : 0;
-  const int32_t hist_n = s.history_len(), bias_n = s.bias_len();
+  const int32_t hist_n = s.history_size(), bias_n = s.bias_len();
 
-  auto draft_count = [&](int32_t token) {
-    int32_t c = 0;
-    for (int32_t d = 0; d < num_drafts; ++d) c += drafts[d] == token;
-    return c;
-  };
+  // Earlier drafts of `token` that count (DESIGN §4: as plain decoding recorded them).
+  auto drafted = [&](int32_t token) { return recorded_draft_count(s, drafts, num_drafts, token); };
   auto bias_of = [&](int32_t token) {
-    const int32_t at = find_sorted(s.bias_tokens(), bias_n, token);
+    const int32_t at = sorted_index(s.bias_tokens(), bias_n, token);
     return at >= 0 ? s.bias_value(at) : 0.0f;
   };
   auto apply = [&](int32_t token, bool in_history, int32_t count, float bias) {
@@ -44,28 +41,26 @@ __global__ void penalize_rows_kernel(float* __restrict__ out, int32_t vocab,
   // Output-history tokens (plus any drafts of the same id).
   for (int32_t i = threadIdx.x; i < hist_n; i += blockDim.x) {
     const int32_t token = s.history_tokens()[i];
-    apply(token, true, s.history_counts()[i] + draft_count(token), bias_of(token));
+    apply(token, true, s.history_counts()[i] + drafted(token), bias_of(token));
   }
-  // Drafts not in the history: first occurrence only.
+  // Recorded drafts not in the history: first occurrence only.
   for (int32_t d = threadIdx.x; d < num_drafts; d += blockDim.x) {
     const int32_t token = drafts[d];
     bool first = true;
     for (int32_t e = 0; e < d; ++e) first &= drafts[e] != token;
-    if (first && find_sorted(s.history_tokens(), hist_n, token) < 0)
-      apply(token, true, draft_count(token), bias_of(token));
+    const int32_t count = first && s.history_index(token) < 0 ? drafted(token) : 0;
+    if (count > 0) apply(token, true, count, bias_of(token));
   }
   // Prompt tokens named by neither (the mask's words of this row's columns).
   const int32_t w_begin = max(vocab_offset, 0) >> 5;
   const int32_t w_end = (vocab_offset + vocab + 31) >> 5;
   s.for_each_prompt_token(w_begin + threadIdx.x, w_end, blockDim.x, [&](int32_t token) {
-    if (find_sorted(s.history_tokens(), hist_n, token) < 0 && draft_count(token) == 0)
-      apply(token, true, 0, bias_of(token));
+    if (s.history_index(token) < 0 && drafted(token) == 0) apply(token, true, 0, bias_of(token));
   });
   // Bias entries named by none of them.
   for (int32_t i = threadIdx.x; i < bias_n; i += blockDim.x) {
     const int32_t token = s.bias_tokens()[i];
-    if (find_sorted(s.history_tokens(), hist_n, token) < 0 && draft_count(token) == 0 &&
-        !s.in_prompt(token))
+    if (s.history_index(token) < 0 && drafted(token) == 0 && !s.in_prompt(token))
       apply(token, false, 0, s.bias_value(i));
   }
 }

@@ -37,7 +37,7 @@ __device__ void mark_penalized_tokens(const PenaltySource& src, int32_t base, in
       atomicOr(&bitmap[b >> 5], 1u << (b & 31));
     }
   };
-  const int32_t hl = min(max(src.slot.history_len(), 0), src.slot.layout.history_capacity);
+  const int32_t hl = src.slot.history_size();
   const int32_t bl = min(max(src.slot.bias_len(), 0), src.slot.layout.bias_capacity);
   for (int32_t k = threadIdx.x; k < hl; k += kThreads) mark(src.slot.history_tokens()[k]);
   for (int32_t k = threadIdx.x; k < bl; k += kThreads) mark(src.slot.bias_tokens()[k]);
@@ -60,33 +60,17 @@ __device__ __forceinline__ bool maybe_penalized(const uint32_t* bitmap, int32_t 
   return (bitmap[b >> 5] >> (b & 31)) & 1u;
 }
 
-// Index of `token` in the sorted list, or -1.
-__device__ __forceinline__ int32_t find_sorted(const int32_t* list, int32_t n, int32_t token) {
-  int32_t lo = 0, hi = n;
-  while (lo < hi) {
-    const int32_t mid = (lo + hi) >> 1;
-    if (list[mid] < token) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo < n && list[lo] == token ? lo : -1;
-}
-
 // The processed logit of a marked token i (l already sanitised). Out of line: it is the rare path
 // of the kernels' hot loops, which must stay small enough for the instruction cache.
 inline __device__ __noinline__ float penalize_token(const PenaltySource& src, int32_t i, float l) {
   const SlotRow& s = src.slot;
-  const int32_t hl = min(max(s.history_len(), 0), s.layout.history_capacity);
   const int32_t bl = min(max(s.bias_len(), 0), s.layout.bias_capacity);
-  const int32_t h = find_sorted(s.history_tokens(), hl, i);
-  bool in_history = h >= 0 || s.in_prompt(i);
-  int32_t count = h >= 0 ? s.history_counts()[h] : 0;  // a prompt-only token has no output count
-  for (int32_t k = 0; k < src.num_drafts; ++k) {
-    if (src.drafts[k] == i) {
-      in_history = true;
-      count += 1;
-    }
-  }
-  const int32_t b = find_sorted(s.bias_tokens(), bl, i);
+  const int32_t h = s.history_index(i);
+  const int32_t drafted = recorded_draft_count(s, src.drafts, src.num_drafts, i);
+  const bool in_history = h >= 0 || drafted > 0 || s.in_prompt(i);
+  // a prompt-only token has no output count
+  const int32_t count = (h >= 0 ? s.history_counts()[h] : 0) + drafted;
+  const int32_t b = sorted_index(s.bias_tokens(), bl, i);
   if (!in_history && b < 0) return l;
   return penalized_logit(l, in_history, count, s.repetition(), s.frequency(), s.presence(),
                          b >= 0 ? s.bias_value(b) : 0.0f);

@@ -32,10 +32,14 @@ std::map<int32_t, TokenAdjustment> collect_adjustments(const RowContext& ctx) {
     s.for_each_prompt_token(0, s.layout.prompt_mask_words, 1,
                             [&](int32_t token) { adjust[token].in_history = true; });
   }
-  for (int32_t i = 0; i < ctx.num_drafts; ++i) {
-    auto& a = adjust[ctx.drafts[i]];
+  for (int32_t i = 0; i < ctx.num_drafts; ++i) {  // each distinct draft once
+    const int32_t token = ctx.drafts[i];
+    if (std::find(ctx.drafts, ctx.drafts + i, token) != ctx.drafts + i) continue;
+    const int32_t recorded = recorded_draft_count(s, ctx.drafts, ctx.num_drafts, token);
+    if (recorded == 0) continue;  // dropped from a full history, as plain decoding would
+    auto& a = adjust[token];
     a.in_history = true;
-    a.output_count += 1;
+    a.output_count += recorded;
   }
   for (int32_t i = 0; i < s.bias_len(); ++i) adjust[s.bias_tokens()[i]].bias = s.bias_value(i);
   return adjust;

@@ -69,15 +69,25 @@ TS_HD float scaled_logit(float l, float temperature) { return f_div(l, temperatu
 // §3.6 top-p masses: a token's mass is the integer floor(2^32 e^(z - z_max)) (portable_exp,
 // 0 more than 23 nats down), so sums are exact in any order and every kernel, CPU or CUDA,
 // finds the same cut. A token is kept while the mass before it (rank order) is below
-// top_p_limit, p times the set's total rounded up to an integer (one double product).
+// top_p_limit, p times the set's total rounded up to an integer, exactly.
 TS_HD uint64_t top_p_mass(float z, float z_max) {
   const float d = f_sub(z, z_max);
   if (!(d > -23.0f)) return 0;
   return static_cast<uint64_t>(f_mul(portable_exp(d), 4294967296.0f));
 }
 
+// p in (0, 1) is a float m 2^-k (an integer m < 2^24, k >= 24), so ceil(p * total) is a 128-bit
+// product shifted with rounding up: exact where a double product (53 bits) rounds once the
+// total passes ~2^40 (V above 256 tokens of equal mass).
 TS_HD uint64_t top_p_limit(float top_p, uint64_t total) {
-  return static_cast<uint64_t>(ceil(static_cast<double>(top_p) * static_cast<double>(total)));
+  if (!(top_p > 0.0f)) return 0;
+  if (top_p >= 1.0f) return total;
+  const uint32_t bits = float_bits(top_p), biased = bits >> 23;
+  const uint64_t m = biased == 0 ? bits : (bits & 0x7FFFFFu) | 0x800000u;
+  const int k = biased == 0 ? 149 : 150 - static_cast<int>(biased);
+  const unsigned __int128 product = static_cast<unsigned __int128>(m) * total;
+  if (k >= 100) return product != 0;  // product < 2^88: a positive quotient below 1
+  return static_cast<uint64_t>((product + ((static_cast<unsigned __int128>(1) << k) - 1)) >> k);
 }
 
 // §3.1 with top-p: the m +inf entries of a +inf row share its mass evenly, so top-p keeps the

@@ -49,6 +49,17 @@ struct SlotLayout {
   TS_HD int32_t prompt_mask_col() const { return kScalarWords + 2 * history_capacity + 2 * bias_capacity; }
 };
 
+// Index of `token` in the ascending list[0, n), or -1.
+TS_HD int32_t sorted_index(const int32_t* list, int32_t n, int32_t token) {
+  int32_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int32_t mid = (lo + hi) >> 1;
+    if (list[mid] < token) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < n && list[lo] == token ? lo : -1;
+}
+
 // Read-only view of one slot's row.
 struct SlotRow {
   const int32_t* w;
@@ -66,6 +77,13 @@ struct SlotRow {
            static_cast<uint32_t>(w[kColSeedLo]);
   }
   TS_HD int32_t history_len() const { return w[kColHistoryLen]; }
+  // The history's entries as kernels read them: the stored count, clamped to [0, H].
+  TS_HD int32_t history_size() const {
+    const int32_t n = history_len();
+    return n < 0 ? 0 : n > layout.history_capacity ? layout.history_capacity : n;
+  }
+  // Index of `token` in the sorted history list, or -1.
+  TS_HD int32_t history_index(int32_t token) const { return sorted_index(history_tokens(), history_size(), token); }
   TS_HD int32_t bias_len() const { return w[kColBiasLen]; }
   TS_HD const int32_t* history_tokens() const { return w + layout.history_tokens_col(); }
   TS_HD const int32_t* history_counts() const { return w + layout.history_counts_col(); }
@@ -92,5 +110,29 @@ struct SlotRow {
         f(32 * w + lowest_set_bit(bits));
   }
 };
+
+// §4 penalties in verify: how many of a row's earlier drafts (drafts[0, n)) count as `token` in
+// its history, so that verify equals plain decoding: there each accepted token was appended
+// (append_history), a token already listed adding to its count and a new one taking an entry
+// while fewer than H are used. A new token first drafted once the list is full was dropped, and
+// so were its repeats; every other occurrence counts.
+TS_HD int32_t recorded_draft_count(const SlotRow& s, const int32_t* drafts, int32_t n, int32_t token) {
+  int32_t count = 0, first = -1;
+  for (int32_t k = 0; k < n; ++k) {
+    if (drafts[k] != token) continue;
+    if (first < 0) first = k;
+    ++count;
+  }
+  const int32_t room = s.layout.history_capacity - s.history_size();
+  // fewer drafts before the first than free entries: room was left whatever they were
+  if (count == 0 || first < room || s.history_index(token) >= 0) return count;
+  int32_t fresh = 0;  // distinct tokens new to the list among drafts[0, first)
+  for (int32_t a = 0; a < first && fresh < room; ++a) {
+    bool seen = s.history_index(drafts[a]) >= 0;
+    for (int32_t b = 0; b < a && !seen; ++b) seen = drafts[b] == drafts[a];
+    fresh += !seen;
+  }
+  return fresh < room ? count : 0;
+}
 
 }  // namespace tokensampler
