@@ -115,6 +115,12 @@ def gumbel_noise_cases(device):
            torch.empty(2, 3, dtype=torch.float32, device=device))
 
 
+def min_p_threshold_cases(device):
+    yield (torch.tensor([0.0, 3.5, float("-inf"), float("inf")], device=device),
+           torch.tensor([0.1, 0.0, 0.5, 0.9], device=device),
+           torch.empty(4, dtype=torch.float32, device=device))
+
+
 def append_history_cases(device):
     mgr, table = _slot_table(device)
     yield (table, mgr.history_capacity, mgr.bias_capacity, _int32([2, 4], device),
@@ -128,6 +134,7 @@ CASES = {
     "verify_rejection": verify_rejection_cases,
     "penalize_logits": penalize_logits_cases,
     "gumbel_noise": gumbel_noise_cases,
+    "min_p_threshold": min_p_threshold_cases,
     "append_history": append_history_cases,
 }
 
@@ -200,6 +207,9 @@ def _bad_variants():
     yield "penalize_logits", "out shape", p[:8] + [p[8][:, :-1]]
     g = list(next(gumbel_noise_cases("cpu")))
     yield "gumbel_noise", "int32 seeds", [g[0].int()] + g[1:]
+    m = list(next(min_p_threshold_cases("cpu")))
+    yield "min_p_threshold", "float64 min_p", [m[0], m[1].double(), m[2]]
+    yield "min_p_threshold", "short out", [m[0], m[1], m[2][:3]]
     a = list(next(argmax_rows_cases("cpu")))
     yield "argmax_rows", "3-D logits", [a[0].detach().view(1, 3, V), a[1]]
     yield "argmax_rows", "int32 out_invalid", [a[0].detach(), a[1], None,

@@ -426,3 +426,18 @@ def test_top_p_limit_is_the_exact_ceiling_of_p_times_the_total():
     predict, accept = b.verify(ts.LogitsProcessorOutput(x), info([1], [0], V=V, draft_probs=q),
                                torch.tensor([[0, 1025]], dtype=torch.int32))
     assert int(accept[0]) == 2 and predict.tolist()[0] == 1025
+
+
+def test_min_p_threshold_op_is_the_kernels_rule():
+    """The min_p_threshold op (for code outside the kernels, e.g. vocab-parallel sampling):
+    z_max + ln(min_p) with the kernels' portable_log, -inf where min-p is off, within an ulp or
+    two of float64's log (test_vocab_parallel's min_p_log_edge case holds it to the kernels'
+    decision where the two logs differ)."""
+    z_max = torch.tensor([0.0, 2.0, float("inf"), float("-inf"), 1.0, 0.0])
+    min_p = torch.tensor([0.05, 0.9611896872520447, 0.1, 0.3, 0.0, -1.0])
+    out = torch.empty(6)
+    torch.ops.tokensampler.min_p_threshold(z_max, min_p, out)
+    expect = [math.log(0.05), 2.0 + math.log(0.9611896872520447)]
+    for got, want in zip(out[:2].tolist(), expect):
+        assert abs(got - want) <= 2 * abs(math.ulp(want)) + 1e-7
+    assert out[2:].tolist() == [float("inf"), float("-inf"), float("-inf"), float("-inf")]

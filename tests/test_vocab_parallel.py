@@ -27,6 +27,11 @@ CASES = {
     "penalties": ("gumbel_full", dict(temperature=0.7, top_k=30, repetition_penalty=1.4,
                                       frequency_penalty=0.5, presence_penalty=0.3,
                                       logit_bias={7: 3.0, 900: 2.0})),
+    # DESIGN §5: z = l / T past fp32's range (row 5, steps 1 and 2)
+    "overflow": ("gumbel", dict(temperature=0.5)),
+    "overflow_min_p": ("gumbel_full", dict(temperature=0.5, min_p=0.1)),
+    # row 0: token 900's z sits within an ulp of the min-p threshold, which portable_log decides
+    "min_p_log_edge": ("gumbel_full", dict(temperature=1.0, min_p=0.9611896872520447)),
 }
 
 
@@ -96,6 +101,14 @@ def _worker(rank, world, port, results, dist_backend):
                 logits[4, [5, 800]] = float("inf")  # +inf entries on two different ranks
             if step == 4:
                 logits[3] = float("-inf")  # no finite logit: token 0, logprob -inf (§3.1)
+            if case.startswith("overflow") and step == 1:  # every finite z is -inf: token 10
+                logits[5] = float("-inf")
+                logits[5, [10, 600]] = -3e38
+            if case.startswith("overflow") and step == 2:  # z past +FLT_MAX on two ranks: 3
+                logits[5, [3, 700]] = 3e38
+            if case == "min_p_log_edge":
+                logits[0] = float("-inf")
+                logits[0, [0, 900]] = torch.tensor([0.0, -0.03958350419998169], device=dev)
             info = ts.SamplingBatchInfo(torch.arange(1, BS + 1, dtype=torch.int32, device=dev),
                                         torch.full((BS + 1,), 10 + step, dtype=torch.int32,
                                                    device=dev), V, dev)

@@ -1,4 +1,5 @@
-// CUDA kernel and launch code of gumbel_noise (elementwise; the math is tokensampler/rng.h).
+// CUDA kernels and launch code of the elementwise ops that give code outside the sampling
+// kernels their arithmetic: gumbel_noise (tokensampler/rng.h), min_p_threshold (row_rules.h).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -6,6 +7,7 @@
 
 #include "../ops/op_checks.h"
 #include "tokensampler/rng.h"
+#include "tokensampler/row_rules.h"
 
 namespace tokensampler::cuda {
 
@@ -36,8 +38,29 @@ void gumbel_noise(const at::Tensor& seeds, const at::Tensor& positions,
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+__global__ void min_p_threshold_kernel(const float* __restrict__ z_max,
+                                       const float* __restrict__ min_p, int64_t rows,
+                                       float* __restrict__ out) {
+  const int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (r < rows) out[r] = tokensampler::min_p_threshold(z_max[r], min_p[r]);
+}
+
+void min_p_threshold(const at::Tensor& z_max, const at::Tensor& min_p, at::Tensor& out) {
+  check_min_p_threshold_args(z_max, min_p, out);
+  const int64_t rows = z_max.numel();
+  if (rows == 0) return;
+  const c10::cuda::CUDAGuard guard(z_max.device());
+  min_p_threshold_kernel<<<static_cast<unsigned>((rows + 255) / 256), 256, 0,
+                           at::cuda::getCurrentCUDAStream()>>>(
+      z_max.data_ptr<float>(), min_p.data_ptr<float>(), rows, out.data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(tokensampler, CUDA, m) { m.impl("gumbel_noise", &gumbel_noise); }
+TORCH_LIBRARY_IMPL(tokensampler, CUDA, m) {
+  m.impl("gumbel_noise", &gumbel_noise);
+  m.impl("min_p_threshold", &min_p_threshold);
+}
 
 }  // namespace tokensampler::cuda

@@ -235,6 +235,20 @@ inline void check_penalize_args(const at::Tensor& logits, const at::Tensor& req_
   if (candidates) check_candidates(*candidates, rows / tokens_per_req, tokens_per_req, device);
 }
 
+inline void check_min_p_threshold_args(const at::Tensor& z_max, const at::Tensor& min_p,
+                                        const at::Tensor& out) {
+  TORCH_CHECK_TYPE(z_max.scalar_type() == at::kFloat && min_p.scalar_type() == at::kFloat &&
+                       out.scalar_type() == at::kFloat,
+                   "z_max, min_p and out must be float32");
+  TORCH_CHECK_VALUE(z_max.dim() == 1 && holds(z_max.sym_is_contiguous()) && same_sizes(min_p, z_max) &&
+                        holds(min_p.sym_is_contiguous()) && same_sizes(out, z_max) &&
+                        holds(out.sym_is_contiguous()),
+                    "z_max, min_p and out must be contiguous [rows], got ", z_max.sym_sizes(), ", ",
+                    min_p.sym_sizes(), ", ", out.sym_sizes());
+  TORCH_CHECK_VALUE(min_p.device() == z_max.device() && out.device() == z_max.device(),
+                    "z_max, min_p and out must be on one device");
+}
+
 inline void check_gumbel_noise_args(const at::Tensor& seeds, const at::Tensor& positions,
                                     const at::Tensor& token_ids, const at::Tensor& out) {
   const auto device = token_ids.device();

@@ -1,9 +1,11 @@
-// CPU kernel of gumbel_noise: the keyed Gumbel noise of DESIGN §3.7 for given token ids.
+// CPU kernels of the ops that give code outside the sampling kernels their arithmetic:
+// gumbel_noise (the keyed noise of DESIGN §3.7, rng.h) and min_p_threshold (§3.6, row_rules.h).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include "op_checks.h"
 #include "tokensampler/rng.h"
+#include "tokensampler/row_rules.h"
 
 namespace tokensampler::cpu {
 
@@ -23,8 +25,18 @@ void gumbel_noise(const at::Tensor& seeds, const at::Tensor& positions,
   }
 }
 
+void min_p_threshold(const at::Tensor& z_max, const at::Tensor& min_p, at::Tensor& out) {
+  check_min_p_threshold_args(z_max, min_p, out);
+  for (int64_t r = 0; r < z_max.numel(); ++r)
+    out.data_ptr<float>()[r] =
+        tokensampler::min_p_threshold(z_max.data_ptr<float>()[r], min_p.data_ptr<float>()[r]);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(tokensampler, CPU, m) { m.impl("gumbel_noise", &gumbel_noise); }
+TORCH_LIBRARY_IMPL(tokensampler, CPU, m) {
+  m.impl("gumbel_noise", &gumbel_noise);
+  m.impl("min_p_threshold", &min_p_threshold);
+}
 
 }  // namespace tokensampler::cpu

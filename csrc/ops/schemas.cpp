@@ -72,6 +72,10 @@ void penalize_logits_meta(const at::Tensor& logits, const at::Tensor& req_pool_i
                       tokens_per_req, candidates, out);
 }
 
+void min_p_threshold_meta(const at::Tensor& z_max, const at::Tensor& min_p, at::Tensor& out) {
+  check_min_p_threshold_args(z_max, min_p, out);
+}
+
 void gumbel_noise_meta(const at::Tensor& seeds, const at::Tensor& positions,
                        const at::Tensor& token_ids, int64_t /*stream*/, at::Tensor& out) {
   check_gumbel_noise_args(seeds, positions, token_ids, out);
@@ -106,9 +110,9 @@ void below_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
     if (!t.is_inference()) torch::autograd::impl::bump_version(t);
 }
 
-constexpr const char* kOps[] = {"argmax_rows",     "sample_rows",  "verify_chain",
+constexpr const char* kOps[] = {"argmax_rows",      "sample_rows",     "verify_chain",
                                 "verify_rejection", "penalize_logits", "gumbel_noise",
-                                "append_history"};
+                                "min_p_threshold",  "append_history"};
 
 }  // namespace
 
@@ -166,6 +170,10 @@ TORCH_LIBRARY(tokensampler, m) {
   m.def(
       "gumbel_noise(Tensor seeds, Tensor positions, Tensor token_ids, int stream, "
       "Tensor(a!) out) -> ()");
+  // The min-p threshold of DESIGN §3.6 per row, out[r] = z_max[r] + ln(min_p[r]) (-inf where
+  // min_p[r] <= 0) in the kernels' own arithmetic (portable_log, one fp32 add), for code
+  // outside them (vocab-parallel sampling) that must keep exactly the tokens they keep.
+  m.def("min_p_threshold(Tensor z_max, Tensor min_p, Tensor(a!) out) -> ()");
   // Adds the first accept_length[b] tokens of tokens[b*n : b*n+n] to slot b's output history.
   m.def(
       "append_history(Tensor(a!) slot_table, int history_capacity, int bias_capacity, "
@@ -180,6 +188,7 @@ TORCH_LIBRARY_IMPL(tokensampler, Meta, m) {
   m.impl("verify_rejection", &verify_rejection_meta);
   m.impl("penalize_logits", &penalize_logits_meta);
   m.impl("gumbel_noise", &gumbel_noise_meta);
+  m.impl("min_p_threshold", &min_p_threshold_meta);
   m.impl("append_history", &append_history_meta);
 }
 

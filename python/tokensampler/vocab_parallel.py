@@ -5,8 +5,9 @@ vocabulary, `[rows, V_rank]` starting at token `vocab_offset`. Because tokensamp
 noise is keyed by the *global* token id, the unsharded sample can be reproduced from a few
 numbers per row:
 
-- no filter / min-p rows: one all-reduce of the row maxima (min-p threshold, +inf detection),
-  then each rank's best `z + G` over its kept tokens, all-gathered and reduced (ties: lowest id);
+- no filter / min-p rows: two all-reduces of the row maxima (+inf detection, the min-p
+  threshold), then each rank's best `z + G` over its kept tokens, all-gathered and reduced
+  (ties: lowest id);
 - top-k rows (k <= `max_candidates`): each rank's top-k candidates `(z, id)` are all-gathered,
   and the row is finished over them (top-k, top-p within top-k, min-p, Gumbel-max) by the same
   kernel that samples unsharded rows, so the token is identical;
@@ -94,16 +95,23 @@ class VocabParallelSampler:
         top = scores.max(dim=0).values
         return torch.where(scores == top, all_ids, torch.iinfo(torch.int32).max).min(dim=0).values
 
-    def _local_argmax_path(self, z, row_max, min_p, seeds, positions) -> torch.Tensor:
+    def _local_argmax_path(self, l, z, l_max, min_p, seeds, positions) -> torch.Tensor:
+        """DESIGN §3 for no-filter / min-p rows, as the kernels decide it: a row with a +inf
+        processed logit l draws among those uniformly; otherwise every finite l is a token, kept
+        when z = l / T reaches the min-p threshold of the row's best z (row_rules.h's arithmetic,
+        through the min_p_threshold op), scored z + G, ties (z past fp32's range: +-inf) to the
+        lowest kept id."""
         ids = self._local_ids.expand_as(z).contiguous()
         noise = torch.empty_like(z)
         torch.ops.tokensampler.gumbel_noise(seeds, positions, ids, _C.RNG_STREAMS["gumbel"], noise)
-        inf_row = (row_max == float("inf")).unsqueeze(1)
-        threshold = torch.where(min_p > 0, row_max + torch.log(min_p.clamp_min(1e-30)),
-                                torch.full_like(row_max, float("-inf"))).unsqueeze(1)
-        kept = torch.where(inf_row, z == float("inf"), (z >= threshold) & (z > float("-inf")))
+        inf_row = (l_max == float("inf")).unsqueeze(1)
+        z_max = self._all_reduce(z.amax(dim=1), dist.ReduceOp.MAX)
+        threshold = torch.empty_like(z_max)
+        torch.ops.tokensampler.min_p_threshold(z_max, min_p, threshold)
+        kept = torch.where(inf_row, l == float("inf"),
+                           (l > float("-inf")) & (z >= threshold.unsqueeze(1)))
         score = torch.where(kept, torch.where(inf_row, noise, z + noise), float("-inf"))
-        return self._best_over(score, ids)
+        return self._best_over(score, torch.where(kept, ids, torch.iinfo(torch.int32).max))
 
     def _shard_layout(self) -> list[tuple[int, int]]:
         """Every rank's (vocab_offset, shard_size): gathered once, on first need."""
@@ -233,12 +241,13 @@ class VocabParallelSampler:
         route = b._route
         if route in _LOCAL_ARGMAX_ROUTES:
             z = processed / temperature.unsqueeze(1)
-            row_max = self._all_reduce(z.amax(dim=1), dist.ReduceOp.MAX)
-            sampled = self._local_argmax_path(z, row_max, min_p if b._FULL else torch.zeros_like(min_p),
+            l_max = self._all_reduce(processed.amax(dim=1), dist.ReduceOp.MAX)
+            sampled = self._local_argmax_path(processed, z, l_max,
+                                              min_p if b._FULL else torch.zeros_like(min_p),
                                               seeds, positions)
             # greedy rows: argmax of the processed logits, same reduction without noise
             greedy_best = self._best_over(processed, self._local_ids.expand_as(processed))
-            invalid = row_max == float("-inf")
+            invalid = l_max == float("-inf")
             out.copy_(torch.where(greedy, greedy_best, sampled).masked_fill(invalid, 0))
             b.invalid_rows[:rows].copy_(invalid)
         elif _C.is_top_k_route(route) and b.step_max_top_k <= self.max_candidates:
