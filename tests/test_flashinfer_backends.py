@@ -234,3 +234,32 @@ def test_full_adapter_rejection_verify_ends_at_an_invalid_row():
     assert accept.tolist() == [2]
     assert predict.tolist() == [5, 0, -1]
     assert backend.invalid_rows[:n].tolist() == [False, True, False]
+
+
+@pytest.mark.cuda
+@needs_fi
+@pytest.mark.parametrize("name", ["flashinfer", "flashinfer_full"])
+def test_adapter_slots_outside_the_pool_and_padded_indices(name):
+    """The adapters gather parameters from the pools outside tokensampler's kernels: a slot
+    outside the pool must read as the kernels read it (token 0, flagged, logprob -inf, DESIGN
+    §5), not as a device-side assert, and req_pool_indices longer than the batch is padding."""
+    Vs, n = 64, 2
+    backend = ts.create_backend(name, ts.SamplingBackendConfig(
+        max_bs=3, max_draft_tokens_per_req=n, max_req_pool_size=3, vocab_size=Vs, device="cuda",
+        enable_output_logprobs=True))
+    backend.prepare_step(["a", "b"], [1, 2], [ts.SamplingParams(seed=1), ts.SamplingParams(seed=2)],
+                         num_tokens_per_req=n)
+    info = ts.SamplingBatchInfo(torch.tensor([1, 9, 3], dtype=torch.int32, device="cuda"),
+                                torch.zeros(4, dtype=torch.int32, device="cuda"), Vs, "cuda")
+    out = ts.LogitsProcessorOutput(torch.randn(2, Vs, device="cuda"))
+    tokens, _ = backend.sample(out, info)
+    assert tokens[1].item() == 0 and backend.invalid_rows[:2].tolist() == [False, True]
+    assert out.next_token_logprobs[1].item() == float("-inf")
+    q = torch.full((2, n - 1, Vs), 1.0 / Vs, device="cuda")
+    for draft_probs in (None, q):
+        info.draft_probs = draft_probs
+        cands = torch.tensor([[0, 5], [0, 7]], dtype=torch.int32, device="cuda")
+        predict, accept = backend.verify(ts.LogitsProcessorOutput(torch.randn(4, Vs, device="cuda")),
+                                         info, cands)
+        assert predict.tolist()[2:] == [0, -1] and accept.tolist()[1] == 1
+        torch.cuda.synchronize()

@@ -441,3 +441,26 @@ def test_min_p_threshold_op_is_the_kernels_rule():
     for got, want in zip(out[:2].tolist(), expect):
         assert abs(got - want) <= 2 * abs(math.ulp(want)) + 1e-7
     assert out[2:].tolist() == [float("inf"), float("-inf"), float("-inf"), float("-inf")]
+
+
+def test_rejection_verify_logprobs_of_a_slot_outside_the_pool():
+    """A request whose slot lies outside the pool emits token 0 and ends its chain in both
+    verify modes, and publishes what the kernels write for it in chain verify: logprob -inf
+    (NaN past the chain in rejection verify, which emits nothing there) and top-N -inf at ids
+    0..N-1 on every row."""
+    V, n = 50, 3
+    b = make(V=V, bs=2, n=n, enable_output_logprobs=True, top_logprobs_num=2)
+    b.prepare_step(["a", "b"], [1, 2], [ts.SamplingParams(seed=1), ts.SamplingParams(seed=2)],
+                   num_tokens_per_req=n)
+    cache = torch.zeros(9, dtype=torch.int32)
+    for draft_probs in (None, torch.full((2, n - 1, V), 1.0 / V)):
+        info = ts.SamplingBatchInfo(torch.tensor([1, 20], dtype=torch.int32), cache, V, "cpu",
+                                    draft_probs=draft_probs)
+        out = ts.LogitsProcessorOutput(torch.randn(2 * n, V))
+        predict, accept = b.verify(out, info, torch.tensor([[0, 4, 5], [0, 6, 7]], dtype=torch.int32))
+        assert predict.tolist()[n:] == [0, -1, -1] and accept.tolist()[1] == 1
+        assert out.next_token_logprobs[n].item() == float("-inf")
+        if draft_probs is not None:
+            assert out.next_token_logprobs[n + 1:].isnan().all()
+        assert out.next_token_top_logprobs_val[n:].eq(float("-inf")).all()
+        assert out.next_token_top_logprobs_idx[n:].tolist() == [[0, 1]] * n

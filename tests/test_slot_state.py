@@ -61,7 +61,7 @@ def test_row_params_gathers_the_pools(backend, bs):
                          [sp(temperature=0.5 + i, top_k=10 + i, seed=s) for i, s in enumerate(seeds)])
     info = ts.SamplingBatchInfo(torch.tensor(slots, dtype=torch.int32),
                                 torch.arange(8, dtype=torch.int32) * 10, 100, "cpu")
-    p = backend.row_params(info, 2)
+    p = backend.row_params(info, 2, bs)
     expect = [s - 2**64 if s >= 2**63 else s for s in seeds]
     assert p.seed.tolist() == [s for s in expect for _ in range(2)]
     assert p.position.tolist() == [x for sl in slots for x in (10 * sl, 10 * sl + 1)]

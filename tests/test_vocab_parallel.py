@@ -261,3 +261,47 @@ def test_bad_inputs_are_refused_as_the_backend_refuses_them(tmp_path):
         assert got == want and want[0] == 1 and want[1] >= 2
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("name", ["gumbel", "gumbel_full"])
+def test_engine_slot_indices_outside_the_pool_and_padding(tmp_path, name):
+    """req_pool_indices is the engine's tensor: longer than the batch (padding) or holding a
+    slot outside the pool, the sampler gives what the backend's kernels give (DESIGN §5: token
+    0, flagged, logprob -inf) and never gathers past the pool (an index error on the CPU, a
+    device assert on CUDA), in sample and verify, every path."""
+    import tokensampler as ts
+    from tokensampler.vocab_parallel import VocabParallelSampler
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        for params in (dict(), dict(min_p=0.1), dict(top_k=20), dict(top_p=0.8)):
+            def make():
+                b = ts.create_backend(name, ts.SamplingBackendConfig(
+                    max_bs=3, max_draft_tokens_per_req=2, max_req_pool_size=3, vocab_size=V,
+                    device="cpu", enable_output_logprobs=True))
+                b.prepare_step(["a", "b"], [1, 2],
+                               [ts.SamplingParams(seed=s, **params) for s in (4, 5)],
+                               num_tokens_per_req=2)
+                return b
+            if "min_p" in params and name == "gumbel":
+                continue
+            ref, sharded = make(), make()
+            sampler = VocabParallelSampler(sharded, 0, V)
+            for slots in ([1, 2, 3], [1, 9], [-3, 2, 3]):
+                info = ts.SamplingBatchInfo(torch.tensor(slots, dtype=torch.int32),
+                                            torch.zeros(4, dtype=torch.int32), V, "cpu")
+                logits = torch.randn(2, V)
+                o1, o2 = (ts.LogitsProcessorOutput(logits.clone()) for _ in range(2))
+                want, got = ref.sample(o1, info)[0].tolist(), sampler.sample(o2, info)[0].tolist()
+                assert got == want, (params, slots)
+                assert torch.equal(sharded.invalid_rows[:2], ref.invalid_rows[:2])
+                assert torch.equal(o1.next_token_logprobs.isinf(), o2.next_token_logprobs.isinf())
+                cands = torch.tensor([[0, want[0]], [0, 7]], dtype=torch.int32)
+                logits = torch.randn(4, V)
+                o1, o2 = (ts.LogitsProcessorOutput(logits.clone()) for _ in range(2))
+                want = [t.tolist() for t in ref.verify(o1, info, cands)]
+                assert [t.tolist() for t in sampler.verify(o2, info, cands)] == want, (params, slots)
+                assert torch.equal(o1.next_token_logprobs.isinf(), o2.next_token_logprobs.isinf())
+    finally:
+        dist.destroy_process_group()

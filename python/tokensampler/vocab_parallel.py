@@ -235,7 +235,7 @@ class VocabParallelSampler:
         torch.ops.tokensampler.penalize_logits(
             shard_logits, info.req_pool_indices, b.slots.table, b.slots.history_capacity,
             b.slots.bias_capacity, n, candidates if b._FULL else None, self.vocab_offset, processed)
-        p = b.row_params(info, n)
+        p = b.row_params(info, n, rows // n)
         temperature, min_p, greedy, seeds, positions = p.temperature, p.min_p, p.greedy, p.seed, p.position
         out = torch.empty(rows, dtype=torch.int32, device=shard_logits.device)
         route = b._route
@@ -247,7 +247,7 @@ class VocabParallelSampler:
                                               seeds, positions)
             # greedy rows: argmax of the processed logits, same reduction without noise
             greedy_best = self._best_over(processed, self._local_ids.expand_as(processed))
-            invalid = l_max == float("-inf")
+            invalid = (l_max == float("-inf")) | ~p.readable  # DESIGN §3.1, §5
             out.copy_(torch.where(greedy, greedy_best, sampled).masked_fill(invalid, 0))
             b.invalid_rows[:rows].copy_(invalid)
         elif _C.is_top_k_route(route) and b.step_max_top_k <= self.max_candidates:
@@ -283,6 +283,7 @@ class VocabParallelSampler:
         b._record_history(info, tokens, lengths, 1)
         if b._logprobs is not None:
             b._logprobs[:bs].copy_(self.raw_logprobs(shard, tokens))
+            b._unreadable_logprobs(b._readable_slots(info.req_pool_indices[:bs]))
             logits_output.next_token_logprobs = b._logprobs[:bs]
         return tokens, lengths
 
@@ -304,5 +305,7 @@ class VocabParallelSampler:
         b._record_history(info, predict, accept, n)
         if b._logprobs is not None:  # each row's own target, as the backend's chain verify
             b._logprobs[:rows].copy_(self.raw_logprobs(shard, target))
+            slots = info.req_pool_indices[:candidates.size(0)]
+            b._unreadable_logprobs(b._readable_slots(slots).repeat_interleave(n))
             logits_output.next_token_logprobs = b._logprobs[:rows]
         return predict, accept

@@ -125,8 +125,8 @@ class _FlashInferMixin:
         torch.ops.tokensampler.penalize_logits(
             logits, sampling_info.req_pool_indices, self.slots.table, self.slots.history_capacity,
             self.slots.bias_capacity, n, candidates if self._FULL else None, 0, processed)
-        p = self.row_params(sampling_info, n)
-        temperature, top_k, top_p, min_p, greedy, seed, offset = p
+        p = self.row_params(sampling_info, n, rows // n)
+        temperature, top_k, top_p, min_p, greedy, seed, offset, readable = p
         z = processed / temperature.unsqueeze(1)
         fs = self._fs
         if self._route == _C.Route.NO_FILTER:
@@ -138,15 +138,17 @@ class _FlashInferMixin:
             sampled = fs.top_k_top_p_sampling_from_logits(z, top_k, top_p, seed=seed, offset=offset)
         argmax, invalid = self._argmax[:rows], self.invalid_rows[:rows]
         torch.ops.tokensampler.argmax_rows(processed, argmax, None, invalid)
+        invalid |= ~readable  # a slot outside the pool: token 0, flagged (DESIGN §5)
         token = torch.where(greedy, argmax, sampled.to(torch.int32))
         out.copy_(token.masked_fill(invalid, 0))
         return processed, z, p
 
     def _sample_rows(self, logits, sampling_info, n, candidates, out) -> None:
         logits = self._masked(logits, sampling_info)
-        processed, *_ = self._draw(logits, sampling_info, n, candidates, out)
+        _, _, p = self._draw(logits, sampling_info, n, candidates, out)
         if self._wants_logprobs:
             raw_logprobs_at(logits, out, self._logprobs, self._top_values, self._top_ids)
+            self._unreadable_logprobs(p.readable)
 
     def verify(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo,
                candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,7 +158,7 @@ class _FlashInferMixin:
         logits = self._masked(logits, sampling_info)
         rows, (bs, n) = logits.size(0), candidates.shape
         target = self._target[:rows]
-        _, z, (_, top_k, top_p, min_p, greedy, seed, offset) = self._draw(
+        _, z, (_, top_k, top_p, min_p, greedy, seed, offset, _) = self._draw(
             logits, sampling_info, n, candidates, target)
         probs = self._filtered_probs(z, top_k, top_p, min_p)
         # Greedy rows put all mass on their argmax; invalid rows (no finite logit: NaN probs)
@@ -183,7 +185,7 @@ class _FlashInferMixin:
         end_chains_at_invalid_rows(predict, accept, invalid)
         self._record_history(sampling_info, predict, accept, n)
         if self._wants_logprobs:
-            self._emitted_logprobs(logits, predict)  # logits: masked above
+            self._emitted_logprobs(logits, predict, sampling_info, n)  # logits: masked above
         self._publish_logprobs(logits_output, rows)
         return predict, accept
 

@@ -42,6 +42,7 @@ class RowParams(NamedTuple):
     greedy: torch.Tensor       # temperature 0 or top_k 1
     seed: torch.Tensor         # int64
     position: torch.Tensor     # int64: valid_cache_lengths[slot] + j
+    readable: torch.Tensor     # the slot is inside the pool (else the row reads neutral row 0)
 
 
 class _Admitted(NamedTuple):
@@ -119,13 +120,19 @@ class GumbelSamplingBackend(SamplingBackend):
         hi = rows[:, _COL["seed_lo"] + 1].to(torch.int64)
         return (hi << 32) | lo
 
-    def row_params(self, sampling_info: SamplingBatchInfo, n: int) -> RowParams:
+    def row_params(self, sampling_info: SamplingBatchInfo, n: int, bs: int) -> RowParams:
         """The pools' parameters of each of the step's bs * n rows, gathered on the device
-        (for samplers outside the kernels: the FlashInfer adapters, vocab-parallel sampling)."""
-        slots = sampling_info.req_pool_indices.long()
+        (for samplers outside the kernels: the FlashInfer adapters, vocab-parallel sampling).
+        req_pool_indices may be longer than bs (padding) and its entries are the engine's: one
+        outside the pool gathers the neutral row 0 and reads `readable` False (DESIGN §5: such
+        a row is invalid, token 0), never an index past the pool."""
+        slots = sampling_info.req_pool_indices[:bs].long()
+        readable = self._readable_slots(slots)
+        slots = torch.where(readable, slots, 0)
         positions = sampling_info.valid_cache_lengths.long().index_select(0, slots)
         if n > 1:
             slots = slots.repeat_interleave(n)
+            readable = readable.repeat_interleave(n)
             positions = (positions.unsqueeze(1) + self._row_offsets[:n]).reshape(-1)
         rows = self.slots.table[:, :_COL["seed_lo"] + 2].index_select(0, slots)
         temperature = rows[:, _COL["temperature"]].view(torch.float32)
@@ -137,7 +144,7 @@ class GumbelSamplingBackend(SamplingBackend):
             top_k=torch.where((top_k <= 0) | (top_k >= vocab), torch.full_like(top_k, vocab), top_k),
             top_p=rows[:, _COL["top_p"]].view(torch.float32).contiguous(),
             min_p=rows[:, _COL["min_p"]].view(torch.float32).contiguous(),
-            greedy=greedy, seed=self._seeds(rows), position=positions)
+            greedy=greedy, seed=self._seeds(rows), position=positions, readable=readable)
 
     @property
     def route(self) -> str:
@@ -240,15 +247,37 @@ class GumbelSamplingBackend(SamplingBackend):
             None if self._top_ids is None else self._top_ids[:rows], self._workspace,
             sampling_info.token_bitmask)
 
-    def _emitted_logprobs(self, masked_logits: torch.Tensor, predict: torch.Tensor) -> None:
+    def _readable_slots(self, slots: torch.Tensor) -> torch.Tensor:
+        """Which of the engine's slot indices lie inside the pool (DESIGN §5)."""
+        return (slots >= 0) & (slots < self.config.pool_rows)
+
+    def _unreadable_logprobs(self, readable: torch.Tensor, emitted: torch.Tensor | None = None) -> None:
+        """The logprob outputs of rows whose slot is outside the pool, as the kernels write them
+        (README: those of a row with no finite logit): -inf where the row emitted a token (all
+        rows unless `emitted` says), and top-N -inf at ids 0..N-1. Graph-safe torch ops."""
+        rows = readable.numel()
+        unreadable = ~readable
+        if self._logprobs is not None:
+            self._logprobs[:rows].masked_fill_(unreadable if emitted is None else unreadable & emitted,
+                                               float("-inf"))
+        if self._top_values is not None:
+            self._top_values[:rows].masked_fill_(unreadable.unsqueeze(1), float("-inf"))
+            ids = torch.arange(self._top_ids.size(1), device=self.device).expand(rows, -1)
+            self._top_ids[:rows].copy_(torch.where(unreadable.unsqueeze(1), ids, self._top_ids[:rows]))
+
+    def _emitted_logprobs(self, masked_logits: torch.Tensor, predict: torch.Tensor,
+                          sampling_info: SamplingBatchInfo, n: int) -> None:
         """DESIGN §3.8 for rejection-sampling verify, whose kernels emit tokens only: each row's
         raw logprob at its token, NaN for the rows past a request's accepted tokens (they hold
-        none), and every row's top-N, from the masked logits (torch ops, logprobs.py)."""
+        none), and every row's top-N, from the masked logits (torch ops, logprobs.py); rows of
+        a slot outside the pool as the kernels write them."""
         raw_logprobs_at(masked_logits, predict.clamp(min=0), self._logprobs, self._top_values,
                         self._top_ids)
+        rows = predict.numel()
         if self._logprobs is not None:
-            rows = predict.numel()
             self._logprobs[:rows].masked_fill_(predict < 0, float("nan"))
+        slots = sampling_info.req_pool_indices[:rows // n]
+        self._unreadable_logprobs(self._readable_slots(slots).repeat_interleave(n), predict >= 0)
 
     def _route_args(self) -> tuple[int, int]:
         """The ops' (route, max_top_k): the step's route, and for top-k routes its largest k
@@ -293,7 +322,8 @@ class GumbelSamplingBackend(SamplingBackend):
             if self._wants_logprobs:
                 bitmask = sampling_info.token_bitmask
                 self._emitted_logprobs(
-                    logits if bitmask is None else apply_token_bitmask(logits, bitmask), predict)
+                    logits if bitmask is None else apply_token_bitmask(logits, bitmask), predict,
+                    sampling_info, n)
         else:
             target = self._target[:rows]
             self._sample_rows(logits, sampling_info, n, candidates, target)
