@@ -60,3 +60,9 @@ def test_drafts_new_to_a_full_history_count_as_nothing():
         backend.slots.history_capacity, backend.slots.bias_capacity, n, candidates, 0, out)
     assert out[3, 3].item() == -1.0 and out[3, 7].item() == -2.0 and out[3, 8].item() == 0.0
     assert out[2, 7].item() == -1.0 and out[2, 8].item() == 0.0
+    # an id below 0 is never recorded (append_history skips it), so it takes no entry: 9 does
+    candidates = torch.tensor([[0, -1, 9, 8]], dtype=torch.int32)
+    torch.ops.tokensampler.penalize_logits(
+        logits, torch.tensor([1], dtype=torch.int32), backend.slots.table,
+        backend.slots.history_capacity, backend.slots.bias_capacity, n, candidates, 0, out)
+    assert out[3, 9].item() == -1.0 and out[3, 8].item() == 0.0

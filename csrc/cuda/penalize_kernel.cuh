@@ -23,7 +23,7 @@ __global__ void penalize_rows_kernel(float* __restrict__ out, int32_t vocab,
   float* row = out + r * vocab;
   const int32_t* drafts = candidates ? candidates + b * tokens_per_req + 1 : nullptr;
   const int32_t num_drafts = candidates ? j : 0;
-  const int32_t hist_n = s.history_size(), bias_n = s.bias_len();
+  const int32_t hist_n = s.history_size(), bias_n = s.bias_size();
 
   // Earlier drafts of `token` that count (DESIGN §4: as plain decoding recorded them).
   auto drafted = [&](int32_t token) { return recorded_draft_count(s, drafts, num_drafts, token); };

@@ -38,7 +38,7 @@ __device__ void mark_penalized_tokens(const PenaltySource& src, int32_t base, in
     }
   };
   const int32_t hl = src.slot.history_size();
-  const int32_t bl = min(max(src.slot.bias_len(), 0), src.slot.layout.bias_capacity);
+  const int32_t bl = src.slot.bias_size();
   for (int32_t k = threadIdx.x; k < hl; k += kThreads) mark(src.slot.history_tokens()[k]);
   for (int32_t k = threadIdx.x; k < bl; k += kThreads) mark(src.slot.bias_tokens()[k]);
   for (int32_t k = threadIdx.x; k < src.num_drafts; k += kThreads) mark(src.drafts[k]);
@@ -64,7 +64,7 @@ __device__ __forceinline__ bool maybe_penalized(const uint32_t* bitmap, int32_t 
 // of the kernels' hot loops, which must stay small enough for the instruction cache.
 inline __device__ __noinline__ float penalize_token(const PenaltySource& src, int32_t i, float l) {
   const SlotRow& s = src.slot;
-  const int32_t bl = min(max(s.bias_len(), 0), s.layout.bias_capacity);
+  const int32_t bl = s.bias_size();
   const int32_t h = s.history_index(i);
   const int32_t drafted = recorded_draft_count(s, src.drafts, src.num_drafts, i);
   const bool in_history = h >= 0 || drafted > 0 || s.in_prompt(i);

@@ -23,7 +23,7 @@ struct TokenAdjustment {
 std::map<int32_t, TokenAdjustment> collect_adjustments(const RowContext& ctx) {
   std::map<int32_t, TokenAdjustment> adjust;
   const SlotRow& s = ctx.slot;
-  for (int32_t i = 0; i < s.history_len(); ++i) {
+  for (int32_t i = 0; i < s.history_size(); ++i) {
     auto& a = adjust[s.history_tokens()[i]];
     a.in_history = true;
     a.output_count = s.history_counts()[i];
@@ -41,7 +41,7 @@ std::map<int32_t, TokenAdjustment> collect_adjustments(const RowContext& ctx) {
     a.in_history = true;
     a.output_count += recorded;
   }
-  for (int32_t i = 0; i < s.bias_len(); ++i) adjust[s.bias_tokens()[i]].bias = s.bias_value(i);
+  for (int32_t i = 0; i < s.bias_size(); ++i) adjust[s.bias_tokens()[i]].bias = s.bias_value(i);
   return adjust;
 }
 

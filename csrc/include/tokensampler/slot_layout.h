@@ -82,6 +82,11 @@ struct SlotRow {
     const int32_t n = history_len();
     return n < 0 ? 0 : n > layout.history_capacity ? layout.history_capacity : n;
   }
+  // The bias list's entries as kernels read them: clamped to [0, B].
+  TS_HD int32_t bias_size() const {
+    const int32_t n = bias_len();
+    return n < 0 ? 0 : n > layout.bias_capacity ? layout.bias_capacity : n;
+  }
   // Index of `token` in the sorted history list, or -1.
   TS_HD int32_t history_index(int32_t token) const { return sorted_index(history_tokens(), history_size(), token); }
   TS_HD int32_t bias_len() const { return w[kColBiasLen]; }
@@ -117,6 +122,7 @@ struct SlotRow {
 // while fewer than H are used. A new token first drafted once the list is full was dropped, and
 // so were its repeats; every other occurrence counts.
 TS_HD int32_t recorded_draft_count(const SlotRow& s, const int32_t* drafts, int32_t n, int32_t token) {
+  if (token < 0) return 0;  // append_history skips ids below 0 (never an accepted draft)
   int32_t count = 0, first = -1;
   for (int32_t k = 0; k < n; ++k) {
     if (drafts[k] != token) continue;
@@ -128,7 +134,7 @@ TS_HD int32_t recorded_draft_count(const SlotRow& s, const int32_t* drafts, int3
   if (count == 0 || first < room || s.history_index(token) >= 0) return count;
   int32_t fresh = 0;  // distinct tokens new to the list among drafts[0, first)
   for (int32_t a = 0; a < first && fresh < room; ++a) {
-    bool seen = s.history_index(drafts[a]) >= 0;
+    bool seen = drafts[a] < 0 || s.history_index(drafts[a]) >= 0;
     for (int32_t b = 0; b < a && !seen; ++b) seen = drafts[b] == drafts[a];
     fresh += !seen;
   }
