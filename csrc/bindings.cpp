@@ -119,6 +119,8 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("pool_rows"), py::arg("vocab_size"), py::arg("history_capacity"),
            py::arg("bias_capacity"), py::arg("with_min_p"), py::arg("device"))
+      .def_static("table_bytes", &SlotStateManager::table_bytes, py::arg("pool_rows"),
+                  py::arg("vocab_size"), py::arg("history_capacity"), py::arg("bias_capacity"))
       .def("prepare_step", &SlotStateManager::prepare_step, py::arg("request_ids"),
            py::arg("pool_indices"), py::arg("params"), py::arg("prompt_token_ids"),
            "Validate, detect flips, upload flipped rows in one copy; returns the step's route.")

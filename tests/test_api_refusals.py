@@ -143,3 +143,17 @@ def test_request_ids_must_be_text_and_bias_keys_short():
         b.prepare_step(["\ud800"], [1], [ts.SamplingParams()])
     with pytest.raises(ValueError, match="logit_bias key"):
         b.prepare_step(["a"], [1], [sp(logit_bias={"9" * 5000: 1.0})])
+
+
+def test_a_config_larger_than_the_device_is_refused_before_allocating():
+    """A slot table of ~8 TiB (2^20 slots of 2^20-token histories): a ValueError naming the
+    fields, not an allocator failure inside the extension; table_bytes is what is allocated."""
+    from tokensampler import _C
+
+    with pytest.raises(ValueError, match=r"slot table \(max_req_pool_size, vocab_size"):
+        ts.create_backend("gumbel_full", ts.SamplingBackendConfig(
+            max_req_pool_size=2**20 - 1, vocab_size=2**20, penalty_history_capacity=2**20))
+    b = ts.create_backend("gumbel_full", make_config())
+    s = b.slots
+    assert s.table.numel() * 4 == _C.SlotStateManager.table_bytes(
+        s.pool_rows, s.vocab_size, s.history_capacity, s.bias_capacity)

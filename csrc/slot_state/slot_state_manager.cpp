@@ -24,8 +24,7 @@ SlotStateManager::SlotStateManager(int64_t pool_rows, int64_t vocab_size, int64_
                                    int64_t bias_capacity, bool with_min_p, torch::Device device)
     : pool_rows_(pool_rows),
       vocab_size_(vocab_size),
-      layout_{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity),
-              history_capacity > 0 ? static_cast<int32_t>((vocab_size + 31) / 32) : 0},
+      layout_(layout_for(vocab_size, history_capacity, bias_capacity)),
       with_min_p_(with_min_p),
       device_(device),
       owners_(static_cast<size_t>(std::max<int64_t>(pool_rows, 0))) {
@@ -39,6 +38,12 @@ SlotStateManager::SlotStateManager(int64_t pool_rows, int64_t vocab_size, int64_
   const SlotParams defaults;
   for (int64_t s = 0; s < pool_rows; ++s) pack_row(neutral[s].data_ptr<int32_t>(), defaults, {});
   table_ = neutral.to(device_);
+}
+
+SlotLayout SlotStateManager::layout_for(int64_t vocab_size, int64_t history_capacity,
+                                        int64_t bias_capacity) {
+  return SlotLayout{static_cast<int32_t>(history_capacity), static_cast<int32_t>(bias_capacity),
+                    history_capacity > 0 ? static_cast<int32_t>((vocab_size + 31) / 32) : 0};
 }
 
 std::optional<std::string> SlotStateManager::owner(int64_t slot) const {

@@ -23,6 +23,16 @@ class SlotStateManager {
   SlotStateManager(int64_t pool_rows, int64_t vocab_size, int64_t history_capacity,
                    int64_t bias_capacity, bool with_min_p, torch::Device device);
 
+  // The row layout a manager of these capacities uses (a prompt mask only with a history).
+  static SlotLayout layout_for(int64_t vocab_size, int64_t history_capacity, int64_t bias_capacity);
+  // Bytes of the slot table such a manager allocates (on its device, and once on the host to
+  // stage it): so a caller can refuse a config that cannot fit before any allocation.
+  static int64_t table_bytes(int64_t pool_rows, int64_t vocab_size, int64_t history_capacity,
+                             int64_t bias_capacity) {
+    return pool_rows * layout_for(vocab_size, history_capacity, bias_capacity).row_words() *
+           int64_t{sizeof(int32_t)};
+  }
+
   // Validates every input first (ValueError via std::invalid_argument, nothing written on
   // failure), then rewrites the rows of slots whose owner changed. Returns the step's route.
   Route prepare_step(const std::vector<std::string>& request_ids,

@@ -9,6 +9,7 @@ backstop for direct callers of the ops), so no rule lives in two places.
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Sequence
 
 import torch
@@ -20,7 +21,7 @@ from ..params import SamplingParams
 
 __all__ = ["StepRequests", "check_step", "check_batch_info", "check_candidates",
            "check_draft_probs", "check_params", "check_prompt", "check_token_bitmask",
-           "check_capture_shape", "check_dense"]
+           "check_capture_shape", "check_dense", "check_memory"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
@@ -224,3 +225,16 @@ def check_capture_shape(config: SamplingBackendConfig, bs, num_tokens_per_req) -
                          f"max_draft_tokens_per_req={config.max_draft_tokens_per_req}]")
     if bs is not None and not 1 <= _index(bs, "bs") <= config.max_bs:
         raise ValueError(f"bs={bs} is outside [1, max_bs={config.max_bs}]")
+
+
+def check_memory(device: torch.device, needs: dict[str, int]) -> None:
+    """Refuses (ValueError) a config whose buffers (name -> bytes) exceed the memory of the
+    device that holds them: said before any allocation, where the allocator's failure inside
+    the extension would end the process on some builds."""
+    total = (torch.cuda.get_device_properties(device).total_memory if device.type == "cuda"
+             else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    need = sum(needs.values())
+    if need > total:
+        detail = ", ".join(f"{name}: {size / 2**30:.1f} GiB" for name, size in needs.items())
+        raise ValueError(f"this config needs {need / 2**30:.1f} GiB on {device} ({detail}), more "
+                         f"than its {total / 2**30:.1f} GiB")

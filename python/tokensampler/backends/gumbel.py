@@ -71,12 +71,25 @@ class GumbelSamplingBackend(SamplingBackend):
 
     def __init__(self, config) -> None:
         super().__init__(config)
+        config = self.config
         full = self._FULL
+        history = min(config.penalty_history_capacity, config.vocab_size) if full else 0
+        bias = config.logit_bias_capacity if full else 0
+        rows = config.max_bs * config.max_draft_tokens_per_req
+        kernel_workspace = self._KERNEL_WORKSPACE and self.device.type == "cuda"
+        table = ("the slot table (max_req_pool_size, vocab_size, penalty_history_capacity, "
+                 "logit_bias_capacity)",
+                 _C.SlotStateManager.table_bytes(config.pool_rows, config.vocab_size, history, bias))
+        needs = dict([table])
+        if kernel_workspace:
+            needs["the kernels' workspace (max_bs * max_draft_tokens_per_req)"] = (
+                _C.sample_rows_workspace_bytes(rows))
+        checks.check_memory(self.device, needs)
+        if self.device.type != "cpu":  # the table is staged on the host once
+            checks.check_memory(torch.device("cpu"), dict([table]))
         self.slots = _C.SlotStateManager(
-            pool_rows=config.pool_rows, vocab_size=config.vocab_size,
-            history_capacity=min(config.penalty_history_capacity, config.vocab_size) if full else 0,
-            bias_capacity=config.logit_bias_capacity if full else 0,
-            with_min_p=full, device=str(self.device))
+            pool_rows=config.pool_rows, vocab_size=config.vocab_size, history_capacity=history,
+            bias_capacity=bias, with_min_p=full, device=str(self.device))
         self._route = _C.Route.GENERIC
         self.step_max_top_k = config.vocab_size
         # rid -> its latest SamplingParams' conversion; slot -> the conversion written there.
@@ -87,10 +100,9 @@ class GumbelSamplingBackend(SamplingBackend):
         # Scratch of the CUDA kernels, sized once from the config: no step allocates. Zeroed
         # once: it holds the single-launch kernel's per-row tickets, which must start at zero
         # (each launch leaves them at zero again; csrc/cuda/workspace.h).
-        rows = config.max_bs * config.max_draft_tokens_per_req
         self._workspace = (
             torch.zeros(_C.sample_rows_workspace_bytes(rows), dtype=torch.uint8, device=self.device)
-            if self._KERNEL_WORKSPACE and self.device.type == "cuda" else None)
+            if kernel_workspace else None)
 
     # ---- pool views (one int32 table; floats stored as bits) ----
     def _column(self, col: int, dtype: torch.dtype) -> torch.Tensor:
