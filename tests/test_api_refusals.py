@@ -146,13 +146,19 @@ def test_request_ids_must_be_text_and_bias_keys_short():
 
 
 def test_a_config_larger_than_the_device_is_refused_before_allocating():
-    """A slot table of ~8 TiB (2^20 slots of 2^20-token histories): a ValueError naming the
-    fields, not an allocator failure inside the extension; table_bytes is what is allocated."""
+    """A slot table of ~8 TiB (2^20 slots of 2^20-token histories), or top-N outputs of 12 TiB:
+    a ValueError naming the fields, before anything is allocated (not an allocator failure
+    inside the extension); table_bytes is what is allocated."""
     from tokensampler import _C
 
     with pytest.raises(ValueError, match=r"slot table \(max_req_pool_size, vocab_size"):
         ts.create_backend("gumbel_full", ts.SamplingBackendConfig(
             max_req_pool_size=2**20 - 1, vocab_size=2**20, penalty_history_capacity=2**20))
+    for name in ("greedy", "gumbel"):  # 2^20 rows of 2^20 top-N logprobs: 12 TiB
+        with pytest.raises(ValueError, match=r"per-row outputs \(max_bs \* max_draft"):
+            ts.create_backend(name, ts.SamplingBackendConfig(
+                max_bs=2**16, max_draft_tokens_per_req=16, vocab_size=2**20,
+                top_logprobs_num=2**20))
     b = ts.create_backend("gumbel_full", make_config())
     s = b.slots
     assert s.table.numel() * 4 == _C.SlotStateManager.table_bytes(

@@ -34,6 +34,11 @@ class TokenBitmaskScratch:
     """Buffers for masking up to `rows` rows of `vocab_size` logits, allocated once:
     fp32 masked logits [rows, V], int32 unpacked bits [rows, words, 32], bool banned [rows, V]."""
 
+    @staticmethod
+    def nbytes(rows: int, vocab_size: int) -> int:
+        """Bytes the buffers of `rows` rows take."""
+        return rows * (4 * vocab_size + 4 * 32 * bitmask_words(vocab_size) + vocab_size)
+
     def __init__(self, rows: int, vocab_size: int, device: torch.device) -> None:
         words = bitmask_words(vocab_size)
         self.vocab_size = vocab_size

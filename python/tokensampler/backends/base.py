@@ -48,6 +48,10 @@ class SamplingBackend(ABC):
         # here (naming the GPU), not at the first kernel launch.
         check_device_supported(device)
         self.device = device
+        # Everything the config sizes is refused at once, before anything is allocated.
+        checks.check_memory(device, self._planned_bytes(config))
+        if device.type != "cpu" and self._planned_host_bytes(config):
+            checks.check_memory(torch.device("cpu"), self._planned_host_bytes(config))
         rows = config.max_bs * config.max_draft_tokens_per_req
         # Row 0 of `_packed` holds output tokens, row 1 verify's accept lengths, row 2 sample's
         # lengths: ones written here once, so a sample step launches no fill. One D2H copy moves
@@ -88,6 +92,23 @@ class SamplingBackend(ABC):
                 if group == own:
                     self._tp_group = handle
             self._tp_src = own[0]
+
+    def _planned_bytes(self, config: SamplingBackendConfig) -> dict[str, int]:
+        """Bytes of the buffers this backend allocates on its device from `config`, by what
+        sizes them (subclasses add theirs)."""
+        rows = config.max_bs * config.max_draft_tokens_per_req
+        # packed outputs (3 int32), target (int32), invalid (bool), logprobs (fp32), top-N
+        # (fp32 values, int64 ids)
+        planned = {"the per-row outputs (max_bs * max_draft_tokens_per_req, top_logprobs_num)":
+                   rows * (21 + 12 * config.top_logprobs_num)}
+        if config.enable_token_bitmask and self._reads_masked_logits():
+            planned["the masked-logits scratch (enable_token_bitmask, vocab_size)"] = (
+                TokenBitmaskScratch.nbytes(rows, config.vocab_size))
+        return planned
+
+    def _planned_host_bytes(self, config: SamplingBackendConfig) -> dict[str, int]:
+        """Host bytes a backend on a GPU stages its buffers through. Default: none."""
+        return {}
 
     # ---- step preparation (host side, outside CUDA graphs) ----
     def prepare_step(self, request_ids: Sequence[str], request_pool_indices: Sequence[int],
@@ -263,7 +284,7 @@ class SamplingBackend(ABC):
     @property
     def _wants_logprobs(self) -> bool:
         """Whether steps publish logprobs or top-N logprobs (the config asked for either)."""
-        return self._logprobs is not None or self._top_values is not None
+        return self.config.enable_output_logprobs or self.config.top_logprobs_num > 0
 
     def _publish_logprobs(self, logits_output: LogitsProcessorOutput, rows: int) -> None:
         if self._logprobs is not None:

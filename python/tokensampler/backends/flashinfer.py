@@ -91,6 +91,13 @@ class _FlashInferMixin:
         if reason is not None:
             raise ValueError(reason)
 
+    def _planned_bytes(self, config) -> dict[str, int]:
+        planned = super()._planned_bytes(config)
+        rows = config.max_bs * config.max_draft_tokens_per_req
+        planned["the processed logits (max_bs * max_draft_tokens_per_req, vocab_size)"] = (
+            4 * rows * (config.vocab_size + 1))
+        return planned
+
     def _init_flashinfer(self) -> None:
         import flashinfer.sampling as fs
 

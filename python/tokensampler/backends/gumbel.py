@@ -72,24 +72,10 @@ class GumbelSamplingBackend(SamplingBackend):
     def __init__(self, config) -> None:
         super().__init__(config)
         config = self.config
-        full = self._FULL
-        history = min(config.penalty_history_capacity, config.vocab_size) if full else 0
-        bias = config.logit_bias_capacity if full else 0
-        rows = config.max_bs * config.max_draft_tokens_per_req
-        kernel_workspace = self._KERNEL_WORKSPACE and self.device.type == "cuda"
-        table = ("the slot table (max_req_pool_size, vocab_size, penalty_history_capacity, "
-                 "logit_bias_capacity)",
-                 _C.SlotStateManager.table_bytes(config.pool_rows, config.vocab_size, history, bias))
-        needs = dict([table])
-        if kernel_workspace:
-            needs["the kernels' workspace (max_bs * max_draft_tokens_per_req)"] = (
-                _C.sample_rows_workspace_bytes(rows))
-        checks.check_memory(self.device, needs)
-        if self.device.type != "cpu":  # the table is staged on the host once
-            checks.check_memory(torch.device("cpu"), dict([table]))
+        history, bias = self._capacities(config)
         self.slots = _C.SlotStateManager(
             pool_rows=config.pool_rows, vocab_size=config.vocab_size, history_capacity=history,
-            bias_capacity=bias, with_min_p=full, device=str(self.device))
+            bias_capacity=bias, with_min_p=self._FULL, device=str(self.device))
         self._route = _C.Route.GENERIC
         self.step_max_top_k = config.vocab_size
         # rid -> its latest SamplingParams' conversion; slot -> the conversion written there.
@@ -100,9 +86,34 @@ class GumbelSamplingBackend(SamplingBackend):
         # Scratch of the CUDA kernels, sized once from the config: no step allocates. Zeroed
         # once: it holds the single-launch kernel's per-row tickets, which must start at zero
         # (each launch leaves them at zero again; csrc/cuda/workspace.h).
+        rows = config.max_bs * config.max_draft_tokens_per_req
         self._workspace = (
             torch.zeros(_C.sample_rows_workspace_bytes(rows), dtype=torch.uint8, device=self.device)
-            if kernel_workspace else None)
+            if self._uses_workspace(self.device) else None)
+
+    def _capacities(self, config) -> tuple[int, int]:
+        """The slot table's (history, bias) capacities: `gumbel` keeps neither."""
+        if not self._FULL:
+            return 0, 0
+        return min(config.penalty_history_capacity, config.vocab_size), config.logit_bias_capacity
+
+    def _uses_workspace(self, device: torch.device) -> bool:
+        return self._KERNEL_WORKSPACE and device.type == "cuda"
+
+    def _table_bytes(self, config) -> dict[str, int]:
+        return {"the slot table (max_req_pool_size, vocab_size, penalty_history_capacity, "
+                "logit_bias_capacity)": _C.SlotStateManager.table_bytes(
+                    config.pool_rows, config.vocab_size, *self._capacities(config))}
+
+    def _planned_bytes(self, config) -> dict[str, int]:
+        planned = super()._planned_bytes(config) | self._table_bytes(config)
+        if self._uses_workspace(config.torch_device):
+            planned["the kernels' workspace (max_bs * max_draft_tokens_per_req)"] = (
+                _C.sample_rows_workspace_bytes(config.max_bs * config.max_draft_tokens_per_req))
+        return planned
+
+    def _planned_host_bytes(self, config) -> dict[str, int]:
+        return self._table_bytes(config)  # the slot manager builds the table on the host first
 
     # ---- pool views (one int32 table; floats stored as bits) ----
     def _column(self, col: int, dtype: torch.dtype) -> torch.Tensor:
