@@ -94,6 +94,7 @@ class _FlashInferMixin:
     def _planned_bytes(self, config) -> dict[str, int]:
         planned = super()._planned_bytes(config)
         rows = config.max_bs * config.max_draft_tokens_per_req
+        # _processed (fp32 [rows, V]) and _argmax (int32 [rows])
         planned["the processed logits (max_bs * max_draft_tokens_per_req, vocab_size)"] = (
             4 * rows * (config.vocab_size + 1))
         return planned
