@@ -45,8 +45,11 @@ CASES = [
     ("temperature", dict(temperature=0.6)),
     ("top_k", dict(temperature=0.9, top_k=12)),
     ("top_p", dict(temperature=1.1, top_p=0.8)),
-    ("top_k_top_p", dict(temperature=0.8, top_k=20, top_p=0.7)),
-    ("top_k_top_p_min_p", dict(temperature=1.0, top_k=30, top_p=0.95, min_p=0.05)),
+    # top-k and top-p both bind (top-p over the top-k set's renormalised mass): dropping either
+    # changes the kept set. Min-p cuts the same tail as they do, so at most two of the three
+    # can bind in one row; min-p binds alone in the min_p case.
+    ("top_k_top_p", dict(temperature=0.8, top_k=12, top_p=0.95)),
+    ("top_k_top_p_min_p", dict(temperature=0.8, top_k=8, top_p=0.8, min_p=0.01)),
     ("min_p", dict(temperature=1.3, min_p=0.1)),
 ]
 
@@ -58,6 +61,14 @@ def test_route_distribution_matches_reference(name, params, device):
     backend = "gumbel_full" if "min_p" in params else "gumbel"
     samples = draw(backend, params, row, device=device)
     probs = filtered_probs(row.double().numpy(), **params)
+    assert (probs > 0).sum() >= 5, "too few kept tokens for the test to see a distribution"
+    for field, off in (("top_k", -1), ("top_p", 1.0)):  # every filter the case is about binds
+        if field in params and name.startswith("top_k_top_p"):
+            loose = filtered_probs(row.double().numpy(), **{**params, field: off})
+            assert not np.array_equal(loose > 0, probs > 0), f"{field} does not bind"
+    if name == "min_p":
+        loose = filtered_probs(row.double().numpy(), **{**params, "min_p": 0.0})
+        assert not np.array_equal(loose > 0, probs > 0), "min_p does not bind"
     assert probs[samples].min() > 0, "sampled a token outside the kept set"
     assert chi_square_pvalue(samples, probs) > P_MIN
 
@@ -134,7 +145,7 @@ def test_penalties_and_bias_shift_the_distribution_exactly(device):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_logits_sample_the_upcast_distribution(dtype, device):
     row = logits_row(seed=5).to(dtype)
-    params = dict(temperature=0.9, top_k=30, top_p=0.9)
+    params = dict(temperature=0.9, top_k=6, top_p=0.9)  # both bind on this row
     samples = draw("gumbel", params, row.float(), dtype=dtype, calls=8, device=device)
     probs = filtered_probs(row.double().numpy(), **params)
     assert probs[samples].min() > 0

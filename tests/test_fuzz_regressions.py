@@ -779,5 +779,5 @@ def test_a_steady_step_does_not_read_prompt_token_ids(name):
                    prompt_token_ids=[UnreadablePrompt(len(prompt))])
     assert torch.equal(b.slots.table, table)
     if name == "gumbel_full":  # a flip with a repetition penalty does read it
-        with pytest.raises(Exception):
+        with pytest.raises(PromptRead):
             b.prepare_step(["new"], [1], [params], prompt_token_ids=[UnreadablePrompt(3)])
