@@ -283,7 +283,7 @@ class VocabParallelSampler:
         b._record_history(info, tokens, lengths, 1)
         if b._logprobs is not None:
             b._logprobs[:bs].copy_(self.raw_logprobs(shard, tokens))
-            b._unreadable_logprobs(b._readable_slots(info.req_pool_indices[:bs]))
+            b._unreadable_logprobs(b._readable_rows(info, bs, 1))
             logits_output.next_token_logprobs = b._logprobs[:bs]
         return tokens, lengths
 
@@ -305,7 +305,6 @@ class VocabParallelSampler:
         b._record_history(info, predict, accept, n)
         if b._logprobs is not None:  # each row's own target, as the backend's chain verify
             b._logprobs[:rows].copy_(self.raw_logprobs(shard, target))
-            slots = info.req_pool_indices[:candidates.size(0)]
-            b._unreadable_logprobs(b._readable_slots(slots).repeat_interleave(n))
+            b._unreadable_logprobs(b._readable_rows(info, candidates.size(0), n))
             logits_output.next_token_logprobs = b._logprobs[:rows]
         return predict, accept

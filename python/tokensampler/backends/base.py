@@ -50,8 +50,9 @@ class SamplingBackend(ABC):
         self.device = device
         # Everything the config sizes is refused at once, before anything is allocated.
         checks.check_memory(device, self._planned_bytes(config))
-        if device.type != "cpu" and self._planned_host_bytes(config):
-            checks.check_memory(torch.device("cpu"), self._planned_host_bytes(config))
+        staged = self._planned_host_bytes(config)
+        if device.type != "cpu" and staged:
+            checks.check_memory(torch.device("cpu"), staged)
         rows = config.max_bs * config.max_draft_tokens_per_req
         # Row 0 of `_packed` holds output tokens, row 1 verify's accept lengths, row 2 sample's
         # lengths: ones written here once, so a sample step launches no fill. One D2H copy moves

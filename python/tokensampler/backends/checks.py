@@ -37,6 +37,14 @@ def _index(value, name: str) -> int:
         raise TypeError(f"{name}={value!r} must be an int, got {type(value).__name__}") from None
 
 
+def _tokens_per_req(config: SamplingBackendConfig, value) -> None:
+    """num_tokens_per_req: an int in [1, max_draft_tokens_per_req]."""
+    n = _index(value, "num_tokens_per_req")
+    if not 1 <= n <= config.max_draft_tokens_per_req:
+        raise ValueError(f"num_tokens_per_req={n} is outside [1, "
+                         f"max_draft_tokens_per_req={config.max_draft_tokens_per_req}]")
+
+
 def _sequence(value, name: str) -> Sequence:
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(f"{name} must be a list, got {type(value).__name__}")
@@ -69,10 +77,7 @@ def check_step(config: SamplingBackendConfig, request_ids, request_pool_indices,
             + ("" if prompt_token_ids is None else f", prompt_token_ids={len(prompt_token_ids)}"))
     if n > config.max_bs:
         raise ValueError(f"prepare_step got {n} requests, more than max_bs={config.max_bs}")
-    tokens_per_req = _index(num_tokens_per_req, "num_tokens_per_req")
-    if not 1 <= tokens_per_req <= config.max_draft_tokens_per_req:
-        raise ValueError(f"num_tokens_per_req={tokens_per_req} is outside [1, "
-                         f"max_draft_tokens_per_req={config.max_draft_tokens_per_req}]")
+    _tokens_per_req(config, num_tokens_per_req)
     # Whole-list tests first (a steady step of 512 requests passes them in ~0.1 ms); the
     # per-entry loops below run only to name what failed.
     rids = list(map(str, request_ids))
@@ -219,10 +224,7 @@ def check_token_bitmask(config: SamplingBackendConfig, device: torch.device, bit
 def check_capture_shape(config: SamplingBackendConfig, bs, num_tokens_per_req) -> None:
     """The shape a CUDA graph is captured or replayed for: bs in [1, max_bs] (None: not asked),
     num_tokens_per_req in [1, max_draft_tokens_per_req]."""
-    n = _index(num_tokens_per_req, "num_tokens_per_req")
-    if not 1 <= n <= config.max_draft_tokens_per_req:
-        raise ValueError(f"num_tokens_per_req={n} is outside [1, "
-                         f"max_draft_tokens_per_req={config.max_draft_tokens_per_req}]")
+    _tokens_per_req(config, num_tokens_per_req)
     if bs is not None and not 1 <= _index(bs, "bs") <= config.max_bs:
         raise ValueError(f"bs={bs} is outside [1, max_bs={config.max_bs}]")
 

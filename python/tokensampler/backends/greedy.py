@@ -8,7 +8,7 @@ from ..batch import LogitsProcessorOutput, SamplingBatchInfo
 from ..logprobs import raw_logprobs_at
 from ..params import SamplingParams
 from .base import SamplingBackend
-from .slot_params import penalty_field
+from .slot_params import bias_field, penalty_field
 
 __all__ = ["GreedySamplingBackend"]
 
@@ -17,8 +17,7 @@ class GreedySamplingBackend(SamplingBackend):
     def _check_applicable(self, sp: SamplingParams, rid: str) -> None:
         # Penalties and bias change which token is the argmax, and this backend keeps no
         # history or bias: refused, not ignored. Temperature and the filters never change it.
-        field = penalty_field(sp) or (f"logit_bias with {len(sp.logit_bias)} entries"
-                                      if sp.logit_bias else None)
+        field = penalty_field(sp) or bias_field(sp)
         if field is not None:
             raise ValueError(f"rid={rid!r}: backend 'greedy' does not apply {field}; use "
                              f"'gumbel_full' (temperature 0 samples the argmax there)")

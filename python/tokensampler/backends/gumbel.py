@@ -274,6 +274,10 @@ class GumbelSamplingBackend(SamplingBackend):
         """Which of the engine's slot indices lie inside the pool (DESIGN §5)."""
         return (slots >= 0) & (slots < self.config.pool_rows)
 
+    def _readable_rows(self, sampling_info: SamplingBatchInfo, bs: int, n: int) -> torch.Tensor:
+        """_readable_slots of the step's bs requests, for each of their n rows."""
+        return self._readable_slots(sampling_info.req_pool_indices[:bs]).repeat_interleave(n)
+
     def _unreadable_logprobs(self, readable: torch.Tensor, emitted: torch.Tensor | None = None) -> None:
         """The logprob outputs of rows whose slot is outside the pool, as the kernels write them
         (README: those of a row with no finite logit): -inf where the row emitted a token (all
@@ -299,8 +303,7 @@ class GumbelSamplingBackend(SamplingBackend):
         rows = predict.numel()
         if self._logprobs is not None:
             self._logprobs[:rows].masked_fill_(predict < 0, float("nan"))
-        slots = sampling_info.req_pool_indices[:rows // n]
-        self._unreadable_logprobs(self._readable_slots(slots).repeat_interleave(n), predict >= 0)
+        self._unreadable_logprobs(self._readable_rows(sampling_info, rows // n, n), predict >= 0)
 
     def _route_args(self) -> tuple[int, int]:
         """The ops' (route, max_top_k): the step's route, and for top-k routes its largest k

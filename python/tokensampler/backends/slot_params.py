@@ -23,16 +23,17 @@ def penalty_field(sp: SamplingParams) -> str | None:
     return None
 
 
+def bias_field(sp: SamplingParams) -> str | None:
+    """`sp`'s logit bias, if it has one, as a refusal names it, or None."""
+    return f"logit_bias with {len(sp.logit_bias)} entries" if sp.logit_bias else None
+
+
 def unsupported_field(sp: SamplingParams) -> str | None:
     """The first field of `sp` (normalised) that asks for more than temperature, top-k, top-p
     and seed, or None: what a backend without penalties, bias and min-p cannot honour."""
     if sp.min_p > 0.0:
         return f"min_p={sp.min_p}"
-    if (field := penalty_field(sp)) is not None:
-        return field
-    if sp.logit_bias:
-        return f"logit_bias with {len(sp.logit_bias)} entries"
-    return None
+    return penalty_field(sp) or bias_field(sp)
 
 
 def to_slot_params(sp: SamplingParams, rid: str, vocab_size: int) -> _C.SlotParams:
