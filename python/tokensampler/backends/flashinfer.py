@@ -166,7 +166,7 @@ class _FlashInferMixin:
         logits = self._masked(logits, sampling_info)
         rows, (bs, n) = logits.size(0), candidates.shape
         target = self._target[:rows]
-        _, z, (_, top_k, top_p, min_p, greedy, seed, offset, _) = self._draw(
+        _, z, (_, top_k, top_p, min_p, greedy, seed, offset, readable) = self._draw(
             logits, sampling_info, n, candidates, target)
         probs = self._filtered_probs(z, top_k, top_p, min_p)
         # Greedy rows put all mass on their argmax; invalid rows (no finite logit: NaN probs)
@@ -193,7 +193,7 @@ class _FlashInferMixin:
         end_chains_at_invalid_rows(predict, accept, invalid)
         self._record_history(sampling_info, predict, accept, n)
         if self._wants_logprobs:
-            self._emitted_logprobs(logits, predict, sampling_info, n)  # logits: masked above
+            self._emitted_logprobs(logits, predict, readable)  # logits: masked above
         self._publish_logprobs(logits_output, rows)
         return predict, accept
 

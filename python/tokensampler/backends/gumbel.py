@@ -293,17 +293,17 @@ class GumbelSamplingBackend(SamplingBackend):
             self._top_ids[:rows].copy_(torch.where(unreadable.unsqueeze(1), ids, self._top_ids[:rows]))
 
     def _emitted_logprobs(self, masked_logits: torch.Tensor, predict: torch.Tensor,
-                          sampling_info: SamplingBatchInfo, n: int) -> None:
+                          readable: torch.Tensor) -> None:
         """DESIGN §3.8 for rejection-sampling verify, whose kernels emit tokens only: each row's
         raw logprob at its token, NaN for the rows past a request's accepted tokens (they hold
-        none), and every row's top-N, from the masked logits (torch ops, logprobs.py); rows of
-        a slot outside the pool as the kernels write them."""
+        none), and every row's top-N, from the masked logits (torch ops, logprobs.py); rows not
+        `readable` (their slot outside the pool) as the kernels write them."""
         raw_logprobs_at(masked_logits, predict.clamp(min=0), self._logprobs, self._top_values,
                         self._top_ids)
         rows = predict.numel()
         if self._logprobs is not None:
             self._logprobs[:rows].masked_fill_(predict < 0, float("nan"))
-        self._unreadable_logprobs(self._readable_rows(sampling_info, rows // n, n), predict >= 0)
+        self._unreadable_logprobs(readable, predict >= 0)
 
     def _route_args(self) -> tuple[int, int]:
         """The ops' (route, max_top_k): the step's route, and for top-k routes its largest k
@@ -349,7 +349,7 @@ class GumbelSamplingBackend(SamplingBackend):
                 bitmask = sampling_info.token_bitmask
                 self._emitted_logprobs(
                     logits if bitmask is None else apply_token_bitmask(logits, bitmask), predict,
-                    sampling_info, n)
+                    self._readable_rows(sampling_info, bs, n))
         else:
             target = self._target[:rows]
             self._sample_rows(logits, sampling_info, n, candidates, target)
