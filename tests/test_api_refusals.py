@@ -163,3 +163,21 @@ def test_a_config_larger_than_the_device_is_refused_before_allocating():
     s = b.slots
     assert s.table.numel() * 4 == _C.SlotStateManager.table_bytes(
         s.pool_rows, s.vocab_size, s.history_capacity, s.bias_capacity)
+
+
+def test_gpu_memory_check_counts_free_memory(monkeypatch):
+    """On a GPU the bound is what is still free (an engine builds the sampler beside its weights
+    and KV cache) plus what torch's caching allocator holds unused, not the card's total:
+    queried here through stand-ins, so the check runs without a GPU."""
+    from tokensampler.backends import checks
+
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2 * gib, 140 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 10 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 9 * gib)
+    cuda = torch.device("cuda", 0)
+    checks.check_memory(cuda, {"the slot table": 3 * gib})  # 2 free + 1 cached unused
+    with pytest.raises(ValueError, match=r"needs 3\.5 GiB on cuda:0 \(the slot table: 3\.0 GiB, "
+                                         r"the workspace: 0\.5 GiB\), more than the 3\.0 GiB it "
+                                         r"has free"):
+        checks.check_memory(cuda, {"the slot table": 3 * gib, "the workspace": gib // 2})

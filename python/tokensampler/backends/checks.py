@@ -230,13 +230,20 @@ def check_capture_shape(config: SamplingBackendConfig, bs, num_tokens_per_req) -
 
 
 def check_memory(device: torch.device, needs: dict[str, int]) -> None:
-    """Refuses (ValueError) a config whose buffers (name -> bytes) exceed the memory of the
-    device that holds them: said before any allocation, where the allocator's failure inside
-    the extension would end the process on some builds."""
-    total = (torch.cuda.get_device_properties(device).total_memory if device.type == "cuda"
-             else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    """Refuses (ValueError) a config whose buffers (name -> bytes) exceed the memory the device
+    that holds them can still give: said before any allocation, where the allocator's failure
+    inside the extension would end the process on some builds. On a GPU that is its free memory
+    plus what torch's caching allocator holds unused (an engine builds the sampler after its
+    weights and KV cache); on the CPU, the machine's physical memory."""
+    if device.type == "cuda":
+        free = (torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
+                - torch.cuda.memory_allocated(device))
+        has = "has free"
+    else:
+        free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        has = "has"
     need = sum(needs.values())
-    if need > total:
+    if need > free:
         detail = ", ".join(f"{name}: {size / 2**30:.1f} GiB" for name, size in needs.items())
         raise ValueError(f"this config needs {need / 2**30:.1f} GiB on {device} ({detail}), more "
-                         f"than its {total / 2**30:.1f} GiB")
+                         f"than the {free / 2**30:.1f} GiB it {has}")
