@@ -85,3 +85,52 @@ def test_greedy_verify_on_cuda():
     predict, accept = backend(V).verify(ts.LogitsProcessorOutput(logits), info(2, V), candidates)
     assert accept.tolist() == [4, 2]
     assert predict[:4].tolist() == target[0].tolist()
+
+
+@pytest.mark.parametrize("mode", ["raw", "processed"])
+@pytest.mark.parametrize("top_n", [0, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("V", [50257, 151936])
+def test_greedy_logprobs_match_cpu(mode, top_n, dtype, V):
+    """With logprobs the greedy backend runs the sampling kernels on one greedy slot: sample and
+    verify, under a grammar bitmask, give the CPU's tokens, invalid flags and top-N ids exactly
+    and its logprobs to 1e-4 (rows of no finite logit, -inf, exactly); bs 1 and 6 reach the
+    split-row and one-block paths."""
+    gen = torch.Generator().manual_seed(V + top_n)
+    words = (V + 31) // 32
+    for bs, n in ((1, 1), (6, 1), (2, 3)):
+        rows = bs * n
+        logits = (torch.randn(rows, V, generator=gen) * 3).to(dtype)
+        bits = torch.randint(-2**31, 2**31 - 1, (rows, words), generator=gen, dtype=torch.int32)
+        if rows > 1:
+            logits[1] = float("-inf")                # invalid
+            bits[-1] = 0                             # every token disallowed: invalid
+        candidates = torch.randint(0, V, (bs, n), generator=gen, dtype=torch.int32)
+        out = {}
+        for device in ("cpu", "cuda"):
+            b = ts.create_backend("greedy", ts.SamplingBackendConfig(
+                max_bs=8, max_draft_tokens_per_req=4, max_req_pool_size=8, vocab_size=V,
+                device=device, enable_output_logprobs=True, logprobs_mode=mode,
+                top_logprobs_num=top_n, enable_token_bitmask=True))
+            lpo = ts.LogitsProcessorOutput(logits.to(device))
+            info = ts.SamplingBatchInfo(
+                torch.arange(1, bs + 1, dtype=torch.int32, device=device),
+                torch.zeros(9, dtype=torch.int32, device=device), V, device,
+                token_bitmask=bits.to(device))
+            if n == 1:
+                tokens, _ = b.sample(lpo, info)
+            else:
+                tokens, _ = b.verify(lpo, info, candidates.to(device))
+            out[device] = [t.cpu().clone() for t in (
+                tokens, b.invalid_rows[:rows], lpo.next_token_logprobs,
+                *((lpo.next_token_top_logprobs_idx, lpo.next_token_top_logprobs_val)
+                  if top_n else ()))]
+        cpu, gpu = out["cpu"], out["cuda"]
+        # tokens, invalid flags and top-N ids exactly; logprobs and top-N values (indices 2, 4)
+        # -inf exactly, the rest to 1e-4
+        for i in (0, 1, 3) if top_n else (0, 1):
+            assert torch.equal(cpu[i], gpu[i]), (bs, n, i)
+        for i in (2, 4) if top_n else (2,):
+            fin = torch.isfinite(cpu[i])
+            assert torch.equal(fin, torch.isfinite(gpu[i])) and torch.equal(cpu[i][~fin], gpu[i][~fin])
+            torch.testing.assert_close(cpu[i][fin], gpu[i][fin], atol=1e-4, rtol=0)

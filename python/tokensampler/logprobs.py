@@ -1,5 +1,5 @@
 """DESIGN §3.8's raw logprobs in torch ops, for the paths that do not run the sampling kernels
-(the greedy backend, the FlashInfer adapters, the vocab-parallel sampler): the kernels' rule
+(the FlashInfer adapters, the vocab-parallel sampler): the kernels' rule
 (`csrc/ops/row_reference.cpp`), rows with ±inf maxima included, and their top-N order."""
 
 from __future__ import annotations

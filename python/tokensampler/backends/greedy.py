@@ -1,19 +1,54 @@
-"""Greedy backend: argmax sampling and greedy chain verification. No per-slot state."""
+"""Greedy backend: argmax sampling and greedy chain verification. No per-request state."""
 
 from __future__ import annotations
 
 import torch
 
+from .. import _C
 from ..batch import LogitsProcessorOutput, SamplingBatchInfo
-from ..logprobs import raw_logprobs_at
+from ..config import LOGPROBS_MODES
 from ..params import SamplingParams
 from .base import SamplingBackend
-from .slot_params import bias_field, penalty_field
+from .slot_params import bias_field, penalty_field, to_slot_params
 
 __all__ = ["GreedySamplingBackend"]
 
 
 class GreedySamplingBackend(SamplingBackend):
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        # With logprobs, steps run the sampling kernels: one read of each row gives its argmax,
+        # invalid flag, logprob (raw, or processed: 0.0) and top-N, where torch ops took ~30
+        # launches and ~10 reads. The kernels read a row's parameters from a slot table: here
+        # one slot, of a greedy request, that every row reads (all rows greedy: the no-filter
+        # route). Without logprobs, argmax_rows is the whole step.
+        self._greedy_table = None
+        if self._wants_logprobs:
+            config = self.config
+            slots = _C.SlotStateManager(pool_rows=1, vocab_size=config.vocab_size,
+                                        history_capacity=0, bias_capacity=0, with_min_p=False,
+                                        device=str(self.device))
+            slots.prepare_step(["greedy"], [0], [to_slot_params(
+                SamplingParams(temperature=0.0), "greedy", config.vocab_size)], [None])
+            self._greedy_table = slots.table
+            self._slot_of_every_row = torch.zeros(config.max_bs, dtype=torch.int32,
+                                                  device=self.device)
+            self._slot_length = torch.zeros(1, dtype=torch.int32, device=self.device)
+            self._logprobs_mode = LOGPROBS_MODES.index(config.logprobs_mode)
+            rows = config.max_bs * config.max_draft_tokens_per_req
+            # zeroed once: it holds the kernels' per-row tickets (gumbel.py says why)
+            self._workspace = (torch.zeros(_C.sample_rows_workspace_bytes(rows), dtype=torch.uint8,
+                                           device=self.device)
+                               if self.device.type == "cuda" else None)
+
+    def _planned_bytes(self, config) -> dict[str, int]:
+        planned = super()._planned_bytes(config)
+        if (config.enable_output_logprobs or config.top_logprobs_num > 0) and (
+                config.torch_device.type == "cuda"):
+            planned["the kernels' workspace (max_bs * max_draft_tokens_per_req)"] = (
+                _C.sample_rows_workspace_bytes(config.max_bs * config.max_draft_tokens_per_req))
+        return planned
+
     def _check_applicable(self, sp: SamplingParams, rid: str) -> None:
         # Penalties and bias change which token is the argmax, and this backend keeps no
         # history or bias: refused, not ignored. Temperature and the filters never change it.
@@ -27,43 +62,38 @@ class GreedySamplingBackend(SamplingBackend):
         logits = self._checked_logits(logits_output, sampling_info, 1)
         bs = logits.size(0)
         tokens, lengths = self._sample_outputs(bs)
-        self._argmax(logits, sampling_info.token_bitmask, tokens)
-        if self._wants_logprobs:
-            self._raw_logprobs(self._masked(logits, sampling_info), tokens)
-            self._publish_logprobs(logits_output, bs)
+        self._argmax(logits, sampling_info.token_bitmask, 1, tokens)
+        self._publish_logprobs(logits_output, bs)
         return tokens, lengths
 
     def _reads_masked_logits(self) -> bool:
-        # argmax_rows applies token_bitmask itself; only logprobs read masked logits.
-        return self._wants_logprobs
+        return False  # argmax_rows and the sampling kernels apply token_bitmask in their read
 
-    def _argmax(self, logits: torch.Tensor, bitmask: torch.Tensor | None, out: torch.Tensor) -> None:
+    def _argmax(self, logits: torch.Tensor, bitmask: torch.Tensor | None, rows_per_req: int,
+                out: torch.Tensor) -> None:
         """out = each row's argmax of the logits (DESIGN §3.0–3.1: tokens the bitmask disallows
         and NaN as -inf, ties to the lowest id), and invalid_rows (§3.1: no allowed finite or
-        +inf entry), in one kernel."""
-        torch.ops.tokensampler.argmax_rows(logits, out, bitmask, self.invalid_rows[:out.numel()])
-
-    def _raw_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
-        """DESIGN §3.8 logprobs: raw, or in processed mode 0.0 (-inf for an invalid row); the
-        top-N raw in both."""
-        rows = tokens.numel()
-        processed = self.config.logprobs_mode == "processed"
-        raw_logprobs_at(logits, tokens, None if processed else self._logprobs,
-                        self._top_values, self._top_ids)
-        if processed and self._logprobs is not None:
-            self._logprobs[:rows].zero_().masked_fill_(self.invalid_rows[:rows], float("-inf"))
+        +inf entry), in one kernel; with logprobs, the rows' logprobs and top-N too (§3.8)."""
+        rows = out.numel()
+        if self._greedy_table is None:
+            torch.ops.tokensampler.argmax_rows(logits, out, bitmask, self.invalid_rows[:rows])
+            return
+        torch.ops.tokensampler.sample_rows(
+            logits, self._slot_of_every_row, self._slot_length, self._greedy_table, 0, 0,
+            rows_per_req, None, False, self._logprobs_mode, int(_C.Route.NO_FILTER), 0, out,
+            self.invalid_rows[:rows], None if self._logprobs is None else self._logprobs[:rows],
+            None if self._top_values is None else self._top_values[:rows],
+            None if self._top_ids is None else self._top_ids[:rows], self._workspace, bitmask)
 
     def verify(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo,
                candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits, candidates = self._checked_verify(logits_output, sampling_info, candidates)
-        rows = logits.size(0)
+        rows, n = logits.size(0), candidates.size(1)
         target = self._target[:rows]
-        self._argmax(logits, sampling_info.token_bitmask, target)
+        # logprobs: each row's own target, as the sampling backends' chain verify gives
+        self._argmax(logits, sampling_info.token_bitmask, n, target)
         predict, accept = self._verify_outputs(rows, candidates.size(0))
         torch.ops.tokensampler.verify_chain(candidates, target, predict, accept,
                                             self.invalid_rows[:rows])
-        if self._wants_logprobs:
-            # each row's own target, as the sampling backends' chain verify gives
-            self._raw_logprobs(self._masked(logits, sampling_info), target)
-            self._publish_logprobs(logits_output, rows)
+        self._publish_logprobs(logits_output, rows)
         return predict, accept
