@@ -17,9 +17,9 @@ __all__ = ["GreedySamplingBackend"]
 class GreedySamplingBackend(SamplingBackend):
     def __init__(self, config) -> None:
         super().__init__(config)
-        # With logprobs, steps run the sampling kernels: one read of each row gives its argmax,
+        # With logprobs, steps run the sampling kernels: one kernel gives each row's argmax,
         # invalid flag, logprob (raw, or processed: 0.0) and top-N, where torch ops took ~30
-        # launches and ~10 reads. The kernels read a row's parameters from a slot table: here
+        # launches and ~10 passes over the logits. The kernels read a row's parameters from a slot table: here
         # one slot, of a greedy request, that every row reads (all rows greedy: the no-filter
         # route). Without logprobs, argmax_rows is the whole step.
         self._greedy_table = None
