@@ -34,10 +34,13 @@ class Route:
     tokens_per_req: int = 1
     mixed: bool = False                       # alternate rows between two filter sets
     penalties: bool = False
+    logprobs: bool = False                    # publish each token's raw logprob ...
+    top_logprobs: int = 0                     # ... and the top-N
 
 
 ROUTES = {
     "greedy": Route("greedy", dict(temperature=0.0)),
+    "greedy_logprobs": Route("greedy", dict(temperature=0.0), logprobs=True, top_logprobs=5),
     "no_filter": Route("gumbel", dict(temperature=TEMPERATURE)),
     "top_k": Route("gumbel", dict(temperature=TEMPERATURE, top_k=TOP_K)),
     "top_p": Route("gumbel", dict(temperature=TEMPERATURE, top_p=TOP_P)),
@@ -131,7 +134,9 @@ def ours_step(route: Route, bs: int, backend_name: str | None = None,
     n = route.tokens_per_req
     cfg = ts.SamplingBackendConfig(max_bs=bs, max_draft_tokens_per_req=n, max_req_pool_size=bs,
                                    vocab_size=vocab, device=device,
-                                   enable_token_bitmask=token_bitmask is not None)
+                                   enable_token_bitmask=token_bitmask is not None,
+                                   enable_output_logprobs=route.logprobs,
+                                   top_logprobs_num=route.top_logprobs)
     backend = ts.create_backend(backend_name or route.backend, cfg)
     slots = list(range(1, bs + 1))
     params = []
@@ -183,6 +188,12 @@ def flashinfer_steps(route: str, rows: int):
     steps = {}
     if route == "greedy":  # FlashInfer has no argmax op: torch's, which engines call
         steps["torch.argmax"] = lambda l: l.argmax(-1)
+    if route == "greedy_logprobs":  # and log_softmax for the logprobs
+        def argmax_logprobs(l):
+            lp = torch.log_softmax(l.float(), -1)
+            top = lp.topk(5, -1)
+            return l.argmax(-1), lp.gather(1, top.indices[:, :1]), top
+        steps["torch.argmax+log_softmax+topk"] = argmax_logprobs
     if route == "no_filter":
         steps["sampling_from_logits"] = lambda l: fs.sampling_from_logits(l)
     if route in ("top_k", "top_k_top_p", "verify_top_k_top_p", "full_penalties", "mixed"):
