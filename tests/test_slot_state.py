@@ -6,7 +6,7 @@ import torch
 import tokensampler as ts
 from tokensampler import graphs
 
-from helpers import POOL, VOCAB, make_config, sample_once
+from helpers import POOL, VOCAB, batch_info, make_config, sample_once
 
 
 def sp(**kw):
@@ -317,6 +317,36 @@ def test_packed_output_d2h(backend):
     assert packed is not None
     assert torch.equal(packed[0], t) and torch.equal(packed[1], l)
     assert backend.get_packed_output_d2h(t.clone(), l.clone()) is None
+
+
+@pytest.mark.parametrize("name", ["greedy", "gumbel", "gumbel_full"])
+def test_outputs_follow_the_step_size_across_steps(name):
+    """Steps of 3, 1, 4 and again 3 requests (sample, verify, sample) return outputs of their
+    own size and values, equal to a fresh backend's: the views a backend keeps per row count
+    never leak one step's size or values into another's."""
+    cfg = dict(max_draft_tokens_per_req=2, enable_output_logprobs=True, top_logprobs_num=2)
+    b = ts.create_backend(name, make_config(**cfg))
+    gen = torch.Generator().manual_seed(5)
+    params = sp(temperature=0.0 if name == "greedy" else 0.8)
+    for bs, n in ((3, 1), (1, 2), (4, 1), (3, 2), (3, 1)):
+        slots = list(range(1, bs + 1))
+        logits = torch.randn(bs * n, VOCAB, generator=gen)
+        fresh = ts.create_backend(name, make_config(**cfg))
+        results = []
+        for backend in (b, fresh):
+            backend.prepare_step([f"r{i}" for i in slots], slots, [params] * bs, n)
+            out = ts.LogitsProcessorOutput(logits)
+            info = batch_info(slots)
+            if n == 1:
+                tokens, lengths = backend.sample(out, info)
+            else:
+                tokens, lengths = backend.verify(out, info, torch.zeros(bs, n, dtype=torch.int32))
+            results.append([t.clone() for t in (tokens, lengths, out.next_token_logprobs,
+                                                out.next_token_top_logprobs_val,
+                                                out.next_token_top_logprobs_idx)])
+        assert [tuple(t.shape) for t in results[0][:3]] == [(bs * n,), (bs,), (bs * n,)]
+        for ours, want in zip(*results):
+            assert torch.equal(ours, want), (bs, n)
 
 
 def test_workspace_is_sized_from_the_config_and_only_for_cuda(backend):

@@ -144,7 +144,7 @@ class _FlashInferMixin:
                                                    min_p, seed=seed, offset=offset)
         else:
             sampled = fs.top_k_top_p_sampling_from_logits(z, top_k, top_p, seed=seed, offset=offset)
-        argmax, invalid = self._argmax[:rows], self.invalid_rows[:rows]
+        argmax, invalid = self._argmax[:rows], self._rows(rows).invalid
         torch.ops.tokensampler.argmax_rows(processed, argmax, None, invalid)
         invalid |= ~readable  # a slot outside the pool: token 0, flagged (DESIGN §5)
         token = torch.where(greedy, argmax, sampled.to(torch.int32))
@@ -165,14 +165,14 @@ class _FlashInferMixin:
         logits, candidates = self._checked_verify(logits_output, sampling_info, candidates)
         logits = self._masked(logits, sampling_info)
         rows, (bs, n) = logits.size(0), candidates.shape
-        target = self._target[:rows]
+        target = self._rows(rows).target
         _, z, (_, top_k, top_p, min_p, greedy, seed, offset, readable) = self._draw(
             logits, sampling_info, n, candidates, target)
         probs = self._filtered_probs(z, top_k, top_p, min_p)
         # Greedy rows put all mass on their argmax; invalid rows (no finite logit: NaN probs)
         # on token 0, their target, so FlashInfer reads a distribution on every row.
         one_hot = torch.zeros_like(probs).scatter_(1, target.long().unsqueeze(1), 1.0)
-        invalid = self.invalid_rows[:rows]
+        invalid = self._rows(rows).invalid
         probs = torch.where((greedy | invalid).unsqueeze(1), one_hot, probs)
         accepted, emitted = self._accepted[:bs], self._emitted[:bs]
         accepted.zero_()

@@ -74,26 +74,25 @@ class GreedySamplingBackend(SamplingBackend):
         """out = each row's argmax of the logits (DESIGN §3.0–3.1: tokens the bitmask disallows
         and NaN as -inf, ties to the lowest id), and invalid_rows (§3.1: no allowed finite or
         +inf entry), in one kernel; with logprobs, the rows' logprobs and top-N too (§3.8)."""
-        rows = out.numel()
+        views = self._rows(out.numel())
         if self._greedy_table is None:
-            torch.ops.tokensampler.argmax_rows(logits, out, bitmask, self.invalid_rows[:rows])
+            torch.ops.tokensampler.argmax_rows(logits, out, bitmask, views.invalid)
             return
         torch.ops.tokensampler.sample_rows(
             logits, self._slot_of_every_row, self._slot_length, self._greedy_table, 0, 0,
             rows_per_req, None, False, self._logprobs_mode, int(_C.Route.NO_FILTER), 0, out,
-            self.invalid_rows[:rows], None if self._logprobs is None else self._logprobs[:rows],
-            None if self._top_values is None else self._top_values[:rows],
-            None if self._top_ids is None else self._top_ids[:rows], self._workspace, bitmask)
+            views.invalid, views.logprobs, views.top_values, views.top_ids, self._workspace,
+            bitmask)
 
     def verify(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo,
                candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits, candidates = self._checked_verify(logits_output, sampling_info, candidates)
         rows, n = logits.size(0), candidates.size(1)
-        target = self._target[:rows]
+        target = self._rows(rows).target
         # logprobs: each row's own target, as the sampling backends' chain verify gives
         self._argmax(logits, sampling_info.token_bitmask, n, target)
         predict, accept = self._verify_outputs(rows, candidates.size(0))
         torch.ops.tokensampler.verify_chain(candidates, target, predict, accept,
-                                            self.invalid_rows[:rows])
+                                            self._rows(rows).invalid)
         self._publish_logprobs(logits_output, rows)
         return predict, accept

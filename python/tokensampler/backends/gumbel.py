@@ -259,15 +259,12 @@ class GumbelSamplingBackend(SamplingBackend):
     # ---- the work ----
     def _sample_rows(self, logits: torch.Tensor, sampling_info: SamplingBatchInfo, n: int,
                      candidates: torch.Tensor | None, out: torch.Tensor) -> None:
-        rows = logits.size(0)
+        views = self._rows(logits.size(0))
         torch.ops.tokensampler.sample_rows(
             logits, sampling_info.req_pool_indices, sampling_info.valid_cache_lengths,
             self.slots.table, self.slots.history_capacity, self.slots.bias_capacity, n,
             candidates, self._FULL, self._logprobs_mode, *self._route_args(), out,
-            self.invalid_rows[:rows],
-            None if self._logprobs is None else self._logprobs[:rows],
-            None if self._top_values is None else self._top_values[:rows],
-            None if self._top_ids is None else self._top_ids[:rows], self._workspace,
+            views.invalid, views.logprobs, views.top_values, views.top_ids, self._workspace,
             sampling_info.token_bitmask)
 
     def _readable_slots(self, slots: torch.Tensor) -> torch.Tensor:
@@ -344,17 +341,17 @@ class GumbelSamplingBackend(SamplingBackend):
                 logits, sampling_info.req_pool_indices, sampling_info.valid_cache_lengths,
                 self.slots.table, self.slots.history_capacity, self.slots.bias_capacity,
                 candidates, sampling_info.draft_probs, self._FULL, *self._route_args(),
-                predict, accept, self.invalid_rows[:rows], sampling_info.token_bitmask)
+                predict, accept, self._rows(rows).invalid, sampling_info.token_bitmask)
             if self._wants_logprobs:
                 bitmask = sampling_info.token_bitmask
                 self._emitted_logprobs(
                     logits if bitmask is None else apply_token_bitmask(logits, bitmask), predict,
                     self._readable_rows(sampling_info, bs, n))
         else:
-            target = self._target[:rows]
+            target = self._rows(rows).target
             self._sample_rows(logits, sampling_info, n, candidates, target)
             torch.ops.tokensampler.verify_chain(candidates, target, predict, accept,
-                                                self.invalid_rows[:rows])
+                                                self._rows(rows).invalid)
         self._record_history(sampling_info, predict, accept, n)
         self._publish_logprobs(logits_output, rows)
         return predict, accept
