@@ -1,7 +1,12 @@
-"""Host time of `prepare_step`, the per-step call an engine's Python loop makes before sampling:
-a steady step (the same requests in the same slots, the same SamplingParams objects) and a step
-where every slot flips (new requests: parameters converted and written, histories reset).
-No GPU needed: the slot table lives on the CPU here, and what is timed is the host side.
+"""Host time of the per-step calls an engine's Python loop makes, no GPU needed (the slot table
+and logits live on the CPU; what is timed is the host side):
+
+- `prepare_step`: a steady step (the same requests in the same slots, the same SamplingParams
+  objects) and a step where every slot flips (new requests: parameters converted and written,
+  histories reset);
+- one eager `sample` and `verify` call (bs 1, 4 rows for verify) at a vocabulary of 32, where
+  the CPU kernel costs next to nothing: the Python checks, views and op dispatch an eager GPU
+  step pays before its kernel launches (CUDA-graph replay pays none of it).
 
     python bench/host_overhead.py [--bs 1 32 128 512] [--backends greedy gumbel gumbel_full]
 """
@@ -47,6 +52,34 @@ def measure(name: str, bs: int, repeats: int) -> tuple[float, float]:
     return steady, flips
 
 
+def eager_call_us(name: str, logprobs: bool, n: int, repeats: int) -> float:
+    """Median us of one eager sample (n = 1) or verify (n rows) of one request at V = 32, with
+    raw logprobs and top-2 when `logprobs`; the best of five medians (the machine is shared)."""
+    import torch
+
+    vocab = 32
+    cfg = ts.SamplingBackendConfig(max_bs=8, max_req_pool_size=16, vocab_size=vocab,
+                                   max_draft_tokens_per_req=4, enable_output_logprobs=logprobs,
+                                   top_logprobs_num=2 if logprobs else 0)
+    backend = ts.create_backend(name, cfg)
+    params = ts.SamplingParams(seed=1, temperature=0.0 if name == "greedy" else 0.7, top_k=20)
+    backend.prepare_step(["a"], [1], [params], n)
+    logits = torch.randn(n, vocab)
+    info = ts.SamplingBatchInfo(torch.tensor([1], dtype=torch.int32),
+                                torch.zeros(17, dtype=torch.int32), vocab, "cpu")
+    candidates = torch.zeros(1, n, dtype=torch.int32)
+
+    def call():
+        out = ts.LogitsProcessorOutput(logits)
+        if n == 1:
+            return backend.sample(out, info)
+        return backend.verify(out, info, candidates)
+
+    for _ in range(repeats):
+        call()
+    return min(median_ms(call, 20 * repeats) for _ in range(5)) * 1e3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--bs", type=int, nargs="+", default=[1, 32, 128, 512])
@@ -58,6 +91,11 @@ def main() -> None:
         for bs in args.bs:
             steady, flips = measure(name, bs, args.repeats)
             print(f"{name:<13}{bs:>5}{steady:>11.3f}{flips:>13.3f}", flush=True)
+    print(f"\n{'backend':<13}{'logprobs':>9}{'sample us':>11}{'verify(4) us':>14}")
+    for name in args.backends:
+        for logprobs in (False, True):
+            sample, verify = (eager_call_us(name, logprobs, n, args.repeats) for n in (1, 4))
+            print(f"{name:<13}{str(logprobs):>9}{sample:>11.1f}{verify:>14.1f}", flush=True)
 
 
 if __name__ == "__main__":
