@@ -6,6 +6,7 @@ row, the batch size, the route, eager vs graph replay, or plain decode vs verify
 
 from __future__ import annotations
 
+import operator
 from typing import NamedTuple, Sequence
 
 import torch
@@ -51,6 +52,8 @@ class _Admitted(NamedTuple):
     params: _C.SlotParams
     max_top_k: int             # its k for step_max_top_k: V without top-k, 1 for greedy
 
+
+_MAX_TOP_K = operator.attrgetter("max_top_k")
 
 _VARIANT_ROUTES = {
     CUDA_GRAPH_VARIANT_DEFAULT: _C.Route.GENERIC,
@@ -184,25 +187,24 @@ class GumbelSamplingBackend(SamplingBackend):
         # SamplingParams object is validated and converted now (steady steps reuse the
         # conversion: ~30 us per request saved) and the new parameters reach a slot at its
         # next flip, a move to another slot included. Prompts are read only for flips.
-        converted, in_effect, prompts = {}, [], []
-        previous, owner, in_slot = self._converted, self.slots.owner, self._in_slot
-        for i, (rid, slot, sp) in enumerate(zip(step.rids, step.slots, step.params)):
-            conv = previous.get(rid)
-            if conv is None or conv.source is not sp:
-                conv = self._convert(rid, sp)
-            converted[rid] = conv
-            flips = owner(slot) != rid
-            in_effect.append(conv if flips else in_slot[slot])
-            prompts.append(checks.check_prompt(step.prompts[i], i, self.config.vocab_size)
-                           if flips and step.prompts is not None else None)
-        self._route = self.slots.prepare_step(step.rids, step.slots,
-                                              [a.params for a in in_effect], prompts)
-        for slot, a in zip(step.slots, in_effect):
-            self._in_slot[slot] = a
-        self._converted = converted
+        rids, slots = step.rids, step.slots
+        previous, in_slot = self._converted, self._in_slot
+        conversions = [conv if (conv := previous.get(rid)) is not None and conv.source is sp
+                       else self._convert(rid, sp) for rid, sp in zip(rids, step.params)]
+        flips = list(map(operator.ne, map(self.slots.owner, slots), rids))
+        in_effect = [conv if flip else in_slot[slot]
+                     for conv, flip, slot in zip(conversions, flips, slots)]
+        prompts = ([checks.check_prompt(prompt, i, self.config.vocab_size) if flip else None
+                    for i, (prompt, flip) in enumerate(zip(step.prompts, flips))]
+                   if step.prompts is not None else [None] * len(rids))
+        self._route = self.slots.prepare_step(rids, slots, [a.params for a in in_effect], prompts)
+        for slot, conv, flip in zip(slots, conversions, flips):
+            if flip:
+                in_slot[slot] = conv
+        self._converted = dict(zip(rids, conversions))
         # Largest top-k of the step's sampled rows (V when a row has none): host-side, so
         # callers such as vocab-parallel sampling can size candidate sets without a sync.
-        self.step_max_top_k = max((a.max_top_k for a in in_effect), default=1)
+        self.step_max_top_k = max(map(_MAX_TOP_K, in_effect), default=1)
 
     def _convert(self, rid, sp: SamplingParams) -> _Admitted:
         vocab = self.config.vocab_size
