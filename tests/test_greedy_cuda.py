@@ -93,25 +93,28 @@ def test_greedy_verify_on_cuda():
 @pytest.mark.parametrize("V", [50257, 151936])
 def test_greedy_logprobs_match_cpu(mode, top_n, dtype, V):
     """With logprobs the greedy backend runs the sampling kernels on one greedy slot: sample and
-    verify, under a grammar bitmask, give the CPU's tokens, invalid flags and top-N ids exactly
-    and its logprobs to 1e-4 (rows of no finite logit, -inf, exactly); bs 1 and 6 reach the
-    split-row and one-block paths."""
+    verify, under a grammar bitmask, give the CPU's tokens, verify targets, invalid flags and
+    top-N ids exactly and its logprobs to 1e-4 (-inf exactly). Raw logprobs without top-N take
+    the split-row path (the single launch at one row, whose tickets each backend's second step
+    reuses), the other modes the one-block kernel; every shape holds an invalid row."""
     gen = torch.Generator().manual_seed(V + top_n)
     words = (V + 31) // 32
-    for bs, n in ((1, 1), (6, 1), (2, 3)):
+    backends = {device: ts.create_backend("greedy", ts.SamplingBackendConfig(
+        max_bs=8, max_draft_tokens_per_req=4, max_req_pool_size=8, vocab_size=V, device=device,
+        enable_output_logprobs=True, logprobs_mode=mode, top_logprobs_num=top_n,
+        enable_token_bitmask=True)) for device in ("cpu", "cuda")}
+    for bs, n in ((1, 1), (1, 1), (6, 1), (2, 3), (2, 3)):
         rows = bs * n
         logits = (torch.randn(rows, V, generator=gen) * 3).to(dtype)
         bits = torch.randint(-2**31, 2**31 - 1, (rows, words), generator=gen, dtype=torch.int32)
-        if rows > 1:
-            logits[1] = float("-inf")                # invalid
-            bits[-1] = 0                             # every token disallowed: invalid
+        invalid_row = int(torch.randint(0, rows, (1,), generator=gen))
+        if invalid_row % 2:
+            bits[invalid_row] = 0                    # every token disallowed
+        else:
+            logits[invalid_row] = float("-inf")      # no finite logit
         candidates = torch.randint(0, V, (bs, n), generator=gen, dtype=torch.int32)
         out = {}
-        for device in ("cpu", "cuda"):
-            b = ts.create_backend("greedy", ts.SamplingBackendConfig(
-                max_bs=8, max_draft_tokens_per_req=4, max_req_pool_size=8, vocab_size=V,
-                device=device, enable_output_logprobs=True, logprobs_mode=mode,
-                top_logprobs_num=top_n, enable_token_bitmask=True))
+        for device, b in backends.items():
             lpo = ts.LogitsProcessorOutput(logits.to(device))
             info = ts.SamplingBatchInfo(
                 torch.arange(1, bs + 1, dtype=torch.int32, device=device),
@@ -122,15 +125,15 @@ def test_greedy_logprobs_match_cpu(mode, top_n, dtype, V):
             else:
                 tokens, _ = b.verify(lpo, info, candidates.to(device))
             out[device] = [t.cpu().clone() for t in (
-                tokens, b.invalid_rows[:rows], lpo.next_token_logprobs,
+                tokens, b._rows(rows).target, b.invalid_rows[:rows], lpo.next_token_logprobs,
                 *((lpo.next_token_top_logprobs_idx, lpo.next_token_top_logprobs_val)
                   if top_n else ()))]
         cpu, gpu = out["cpu"], out["cuda"]
-        # tokens, invalid flags and top-N ids exactly; logprobs and top-N values (indices 2, 4)
-        # -inf exactly, the rest to 1e-4
-        for i in (0, 1, 3) if top_n else (0, 1):
+        assert cpu[2][invalid_row]
+        # tokens, verify targets (sample: unused), invalid flags and top-N ids exactly
+        for i in (0, 1, 2, 4) if top_n else (0, 1, 2):
             assert torch.equal(cpu[i], gpu[i]), (bs, n, i)
-        for i in (2, 4) if top_n else (2,):
+        for i in (3, 5) if top_n else (3,):  # logprobs, top-N values
             fin = torch.isfinite(cpu[i])
             assert torch.equal(fin, torch.isfinite(gpu[i])) and torch.equal(cpu[i][~fin], gpu[i][~fin])
             torch.testing.assert_close(cpu[i][fin], gpu[i][fin], atol=1e-4, rtol=0)

@@ -38,7 +38,8 @@ class SamplingBackend(ABC):
     `sample` returns (tokens int32[bs], accept_lengths int32[bs] of ones) and `verify` returns
     (predict int32[bs*n], accept_length int32[bs]). Both are views of buffers the backend
     allocates once at construction: they are overwritten by the next call, which is what makes
-    the calls CUDA-graph capturable. Copy them if you keep them.
+    the calls CUDA-graph capturable, and a call of the same size returns the same view
+    objects. Copy them if you keep them; do not resize them in place.
     """
 
     def __init__(self, config: SamplingBackendConfig) -> None:

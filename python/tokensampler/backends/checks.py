@@ -234,7 +234,9 @@ def check_memory(device: torch.device, needs: dict[str, int]) -> None:
     that holds them can still give: said before any allocation, where the allocator's failure
     inside the extension would end the process on some builds. On a GPU that is its free memory
     plus what torch's caching allocator holds unused (an engine builds the sampler after its
-    weights and KV cache); on the CPU, the machine's physical memory."""
+    weights and KV cache): an upper bound, so a config under it can still fail to allocate
+    (fragmented cached blocks; torch's OutOfMemoryError from the Python allocations). On the
+    CPU, the machine's physical memory."""
     if device.type == "cuda":
         free = (torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
                 - torch.cuda.memory_allocated(device))

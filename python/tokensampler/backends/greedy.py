@@ -39,12 +39,18 @@ class GreedySamplingBackend(SamplingBackend):
             # zeroed once: it holds the kernels' per-row tickets (gumbel.py says why)
             self._workspace = (torch.zeros(_C.sample_rows_workspace_bytes(rows), dtype=torch.uint8,
                                            device=self.device)
-                               if self.device.type == "cuda" else None)
+                               if self._uses_workspace(config) else None)
+
+    @staticmethod
+    def _uses_workspace(config) -> bool:
+        """Whether steps can take the CUDA split-row path, the one that reads the workspace:
+        raw logprobs without top-N (top-N and processed logprobs take the one-block kernel)."""
+        return (config.torch_device.type == "cuda" and config.enable_output_logprobs
+                and config.logprobs_mode == "raw" and config.top_logprobs_num == 0)
 
     def _planned_bytes(self, config) -> dict[str, int]:
         planned = super()._planned_bytes(config)
-        if (config.enable_output_logprobs or config.top_logprobs_num > 0) and (
-                config.torch_device.type == "cuda"):
+        if self._uses_workspace(config):
             planned["the kernels' workspace (max_bs * max_draft_tokens_per_req)"] = (
                 _C.sample_rows_workspace_bytes(config.max_bs * config.max_draft_tokens_per_req))
         return planned
