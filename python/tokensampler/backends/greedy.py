@@ -19,9 +19,9 @@ class GreedySamplingBackend(SamplingBackend):
         super().__init__(config)
         # With logprobs, steps run the sampling kernels: one kernel gives each row's argmax,
         # invalid flag, logprob (raw, or processed: 0.0) and top-N, where torch ops took ~30
-        # launches and ~10 passes over the logits. The kernels read a row's parameters from a slot table: here
-        # one slot, of a greedy request, that every row reads (all rows greedy: the no-filter
-        # route). Without logprobs, argmax_rows is the whole step.
+        # launches and ~10 passes over the logits. The kernels read a row's parameters from a
+        # slot table: here one slot, of a greedy request, that every row reads (all rows
+        # greedy: the no-filter route). Without logprobs, argmax_rows is the whole step.
         self._greedy_table = None
         if self._wants_logprobs:
             config = self.config
