@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import tokensampler as ts
+from tokensampler.logprobs import raw_logprobs_at
 
 from helpers import VOCAB, batch_info, make_config
 
@@ -76,9 +77,10 @@ def test_greedy_logprobs_raw_and_processed():
 
 def test_greedy_logprobs_equal_the_kernels_on_inf_rows_and_ties():
     """DESIGN §3.8 on every backend: greedy's raw logprobs and top-N (the sampling kernels, on a
-    greedy slot) are the gumbel backend's, bit for bit (the CPU kernels), by the rule: a row with no finite logit is -inf (top-N at ids 0..N-1), a row
-    with +inf entries gives each -log(count), ties list the lower id first (-0 == +0), NaN is
-    -inf; in processed mode an invalid row is -inf and the others 0."""
+    greedy slot) are the gumbel backend's, bit for bit (the CPU kernels), and logprobs.py's torch
+    ops give the same, by the rule: a row with no finite logit is -inf (top-N at ids 0..N-1), a
+    row with +inf entries gives each -log(count), ties list the lower id first (-0 == +0), NaN
+    is -inf; in processed mode an invalid row is -inf and the others 0."""
     inf, nan = float("inf"), float("nan")
     logits = torch.randn(5, VOCAB)
     logits[0, [700, 5, 9]] = 30.0                   # a three-way tie at the top
@@ -112,6 +114,14 @@ def test_greedy_logprobs_equal_the_kernels_on_inf_rows_and_ties():
     assert torch.equal(og.next_token_logprobs, ok.next_token_top_logprobs_val[:, 0])
     assert og.next_token_logprobs[1] == -inf and og.next_token_top_logprobs_val[1].eq(-inf).all()
     assert og.next_token_logprobs[2].item() == pytest.approx(-math.log(2), abs=1e-7)
+    # logprobs.py's torch ops (rejection verify's logprobs, the FlashInfer adapters') follow the
+    # kernels' rule on the same rows: top-N ids exactly, values to rounding (another sum order)
+    lp, tv = torch.empty(5), torch.empty(5, 4)
+    ti = torch.empty(5, 4, dtype=torch.int64)
+    raw_logprobs_at(logits, tokens, lp, tv, ti)
+    assert torch.equal(ti, og.next_token_top_logprobs_idx)
+    torch.testing.assert_close(tv, og.next_token_top_logprobs_val, atol=1e-5, rtol=0)
+    torch.testing.assert_close(lp, og.next_token_logprobs, atol=1e-5, rtol=0)
     processed = ts.create_backend("greedy", make_config(logprobs_mode="processed", **cfg))
     op = ts.LogitsProcessorOutput(logits.clone())
     processed.sample(op, batch_info([1, 2, 3, 4, 5]))
