@@ -281,8 +281,12 @@ def test_top_k_one_and_tiny_top_p_and_min_p_near_one_are_argmax():
     backend.prepare_step(["a", "b", "c"], [1, 2, 3], [
         ts.SamplingParams(top_k=1, seed=1), ts.SamplingParams(top_p=1e-6, seed=2),
         ts.SamplingParams(min_p=0.9999, seed=3)])
+    gen = torch.Generator().manual_seed(0)
     for t in range(10):
-        logits = torch.randn(3, V)
+        logits = torch.randn(3, V, generator=gen)
+        # The largest logit 0.01 above the next: min-p 0.9999 keeps tokens within 1e-4 of it,
+        # which two of 257 normals were, about one run in thirty (the test drew unseeded).
+        logits.scatter_add_(1, logits.argmax(-1, keepdim=True), torch.full((3, 1), 0.01))
         tokens, _ = sample(backend, logits, [1, 2, 3], [t] * 3)
         assert tokens.tolist() == logits.argmax(-1).tolist()
 
@@ -295,6 +299,32 @@ def test_top_k_at_least_vocab_equals_no_top_k():
     for t in range(20):
         logits = torch.randn(1, V)
         assert torch.equal(sample(a, logits, [1], [t])[0], sample(b, logits, [1], [t])[0])
+
+
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.999])
+def test_top_p_selection_equals_the_sorted_top_k_cut(top_p):
+    """Top-p alone selects its kept set by partitioning (row_reference.cpp top_p_kept); top-k
+    + top-p sorts its top-k set and scans it. With k = V - 1 and the last-ranked token 30 nats
+    below the rest (top-p mass 0, so the totals agree), both cut the same set: the same tokens
+    on rows of ties (logits on a grid of 0.25) and of distinct values, at V = 5000, and the same
+    processed logprobs up to the order of a float64 sum."""
+    V = 5000
+    gen = torch.Generator().manual_seed(int(top_p * 1000))
+    config = dict(logprobs_mode="processed", enable_output_logprobs=True)
+    select, scan = make("gumbel", V=V, **config), make("gumbel", V=V, **config)
+    select.prepare_step(["x"], [1], [ts.SamplingParams(seed=3, temperature=0.8, top_p=top_p)])
+    scan.prepare_step(["x"], [1], [ts.SamplingParams(seed=3, temperature=0.8, top_p=top_p,
+                                                     top_k=V - 1)])
+    for t in range(40):
+        logits = torch.randn(1, V, generator=gen) * 2
+        if t % 2:
+            logits = (logits * 4).round() / 4  # ties
+        logits[0, int(logits.argmin())] = -1e4
+        a, out_a = sample(select, logits, [1], [t])
+        b, out_b = sample(scan, logits, [1], [t])
+        assert torch.equal(a, b), t
+        torch.testing.assert_close(out_a.next_token_logprobs, out_b.next_token_logprobs,
+                                   atol=1e-6, rtol=0)
 
 
 def test_all_minus_inf_rows_return_zero_and_are_flagged():
