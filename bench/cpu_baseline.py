@@ -1,7 +1,7 @@
 """CPU baseline: one sampling step per route through the public API (the CPU kernels are the
 readable reference, not a fast path). Prints a table and optionally writes JSON.
 
-    python bench/cpu_baseline.py [--bs 64] [--vocab 151936] [--json out.json]
+    python bench/cpu_baseline.py [--bs 64] [--vocab 151936] [--routes top_p ...] [--json out.json]
 """
 
 from __future__ import annotations
@@ -51,11 +51,12 @@ def time_route(route: str, bs: int, vocab: int, repeats: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--bs", type=int, default=64)
+    ap.add_argument("--routes", nargs="+", choices=list(ROUTES), default=list(ROUTES))
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json")
     args = ap.parse_args()
-    rows = {route: time_route(route, args.bs, args.vocab, args.repeats) for route in ROUTES}
+    rows = {route: time_route(route, args.bs, args.vocab, args.repeats) for route in args.routes}
     print(f"CPU, {torch.get_num_threads()} threads, bs={args.bs}, V={args.vocab}, fp32 logits")
     print(f"{'route':<16}{'ms/step':>10}")
     for route, ms in rows.items():

@@ -56,6 +56,42 @@ std::vector<int32_t> ranked_prefix(const std::vector<float>& values, std::vector
   return ids;
 }
 
+// Top-p without top-k (§3.6): the tokens of `ids` whose top-p mass ranked strictly before them
+// (rank order over `ids`) is below `limit`, at least the first, in id order. Partitioning
+// around pivots finds them in expected linear time; sorting the whole row took most of a step.
+std::vector<int32_t> top_p_kept(const std::vector<float>& z, std::vector<int32_t> ids,
+                                const std::vector<uint64_t>& mass, uint64_t limit) {
+  auto before = [&](int32_t a, int32_t b) { return ranks_before(z[a], a, z[b], b); };
+  // ids[0, lo) are kept and hold kept_mass; ids[lo, hi) are undecided; ids[hi, end) are cut.
+  size_t lo = 0, hi = ids.size();
+  uint64_t kept_mass = 0;
+  while (hi - lo > 32 && kept_mass < limit) {
+    const int32_t a = ids[lo], b = ids[lo + (hi - lo) / 2], c = ids[hi - 1];
+    const int32_t pivot = before(a, b) ? (before(b, c) ? b : before(a, c) ? c : a)
+                                       : (before(a, c) ? a : before(b, c) ? c : b);
+    const auto first = ids.begin() + lo, last = ids.begin() + hi;
+    const auto mid = std::partition(first, last, [&](int32_t i) { return before(i, pivot); });
+    std::iter_swap(mid, std::find(mid, last, pivot));  // the pivot first of the rest
+    uint64_t ahead = 0;  // the mass ranked before the pivot among the undecided
+    for (auto it = first; it != mid; ++it) ahead += mass[*it];
+    if (kept_mass + ahead >= limit) {
+      hi = mid - ids.begin();  // the pivot and everything after it have >= limit before them
+    } else {
+      kept_mass += ahead + mass[pivot];  // everything up to the pivot has < limit before it
+      lo = mid - ids.begin() + 1;
+    }
+  }
+  std::sort(ids.begin() + lo, ids.begin() + hi, before);
+  for (; lo < hi && kept_mass < limit; ++lo) kept_mass += mass[ids[lo]];
+  if (lo == 0) {  // limit 0: the first token alone
+    std::iter_swap(ids.begin(), std::min_element(ids.begin(), ids.end(), before));
+    lo = 1;
+  }
+  ids.resize(lo);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
 // The raw row's log-softmax as max m and log of sum exp(x - m): a logprob is (x - m) - log_sum,
 // never x - (m + log_sum), which loses log_sum next to a huge m (logits of 1e17).
 struct RawNormalizer {
@@ -138,12 +174,12 @@ RowDistribution filter_row(const float* logits, const RowContext& ctx) {
     z[i] = scaled_logit(l[i], T);
     finite.push_back(i);
   }
-  // Rank order is needed only as far as top-k and top-p look.
-  const size_t ranked_len = top_k_on ? static_cast<size_t>(k) : top_p < 1.0f ? finite.size() : 1;
-  std::vector<int32_t> order = ranked_prefix(z, finite, ranked_len);
+  // Rank order is needed only as far as top-k looks: the top-k set in rank order, or else
+  // every finite token in id order (top-p selects from them without sorting).
+  std::vector<int32_t> order = ranked_prefix(z, finite, top_k_on ? static_cast<size_t>(k) : 1);
   const float z_max = z[order.front()];
-  if (!top_k_on && top_p >= 1.0f) order = finite;
-  if (top_p < 1.0f) {
+  if (!top_k_on) order = std::move(finite);
+  if (top_p < 1.0f && top_k_on) {
     // Mass strictly before each token, in rank order, over the top-k set renormalised.
     std::vector<uint64_t> mass(order.size());
     uint64_t total = 0;
@@ -153,6 +189,11 @@ RowDistribution filter_row(const float* logits, const RowContext& ctx) {
     size_t keep = 0;
     while (keep < order.size() && before < limit) before += mass[keep++];
     order.resize(std::max<size_t>(keep, 1));
+  } else if (top_p < 1.0f) {
+    std::vector<uint64_t> mass(V, 0);  // by token id
+    uint64_t total = 0;
+    for (int32_t i : order) total += mass[i] = top_p_mass(z[i], z_max);
+    order = top_p_kept(z, std::move(order), mass, top_p_limit(top_p, total));
   }
   const float threshold = min_p_threshold(z_max, ctx.slot.min_p());
   for (int32_t i : order)

@@ -25,7 +25,8 @@ struct RowContext {
 struct RowDistribution {
   std::vector<float> raw;          // §3.0–3.1 output (masked, NaN -> -inf), for raw logprobs
   std::vector<float> processed;    // l after §3.2–3.4
-  std::vector<int32_t> kept;       // kept token ids (greedy: the argmax; +inf rows: the +inf ids)
+  std::vector<int32_t> kept;       // kept token ids: rank order with top-k, else id order
+                                   // (greedy: the argmax; +inf rows: the +inf ids)
   std::vector<float> kept_z;       // z of each kept token (+inf rows: 0, i.e. uniform)
   bool greedy = false;
   bool invalid = false;            // no finite and no +inf entry
