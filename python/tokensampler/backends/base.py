@@ -9,10 +9,11 @@ from typing import NamedTuple, Sequence
 import torch
 import torch.distributed as dist
 
+from .. import _C
 from ..batch import LogitsProcessorOutput, SamplingBatchInfo
 from ..bitmask import TokenBitmaskScratch, apply_token_bitmask
 from ..build import check_device_supported
-from ..config import SamplingBackendConfig
+from ..config import LOGPROBS_MODES, SamplingBackendConfig
 from ..graphs import CUDA_GRAPH_VARIANT_DEFAULT
 from ..params import SamplingParams
 from . import checks
@@ -87,6 +88,13 @@ class SamplingBackend(ABC):
         self._bitmask_scratch = (TokenBitmaskScratch(rows, config.vocab_size, self.device)
                                  if config.enable_token_bitmask and self._reads_masked_logits()
                                  else None)
+        # Scratch of the CUDA sampling kernels, sized once from the config: no step allocates.
+        # Zeroed once: it holds the single-launch kernel's per-row tickets, which must start at
+        # zero (each launch leaves them at zero again; csrc/cuda/workspace.h).
+        self._workspace = (torch.zeros(_C.sample_rows_workspace_bytes(rows), dtype=torch.uint8,
+                                       device=self.device)
+                           if self._uses_kernel_workspace(config) else None)
+        self._logprobs_mode = LOGPROBS_MODES.index(config.logprobs_mode)  # the kernels' int
         self._row_views: dict[int, RowViews] = {}
         self._checked_params: dict[str, SamplingParams] = {}  # rid -> the object last validated
         self._tp_group = None
@@ -119,7 +127,15 @@ class SamplingBackend(ABC):
         if config.enable_token_bitmask and self._reads_masked_logits():
             planned["the masked-logits scratch (enable_token_bitmask, vocab_size)"] = (
                 TokenBitmaskScratch.nbytes(rows, config.vocab_size))
+        if self._uses_kernel_workspace(config):
+            planned["the kernels' workspace (max_bs * max_draft_tokens_per_req)"] = (
+                _C.sample_rows_workspace_bytes(rows))
         return planned
+
+    def _uses_kernel_workspace(self, config: SamplingBackendConfig) -> bool:
+        """Whether this backend's steps can run the CUDA sampling kernels' multi-block paths,
+        which read a workspace (`_workspace`). Default: no."""
+        return False
 
     def _planned_host_bytes(self, config: SamplingBackendConfig) -> dict[str, int]:
         """Host bytes a backend on a GPU stages its buffers through. Default: none."""

@@ -6,7 +6,6 @@ import torch
 
 from .. import _C
 from ..batch import LogitsProcessorOutput, SamplingBatchInfo
-from ..config import LOGPROBS_MODES
 from ..params import SamplingParams
 from .base import SamplingBackend
 from .slot_params import bias_field, penalty_field, to_slot_params
@@ -34,26 +33,12 @@ class GreedySamplingBackend(SamplingBackend):
             self._slot_of_every_row = torch.zeros(config.max_bs, dtype=torch.int32,
                                                   device=self.device)
             self._slot_length = torch.zeros(1, dtype=torch.int32, device=self.device)
-            self._logprobs_mode = LOGPROBS_MODES.index(config.logprobs_mode)
-            rows = config.max_bs * config.max_draft_tokens_per_req
-            # zeroed once: it holds the kernels' per-row tickets (gumbel.py says why)
-            self._workspace = (torch.zeros(_C.sample_rows_workspace_bytes(rows), dtype=torch.uint8,
-                                           device=self.device)
-                               if self._uses_workspace(config) else None)
 
-    @staticmethod
-    def _uses_workspace(config) -> bool:
-        """Whether steps can take the CUDA split-row path, the one that reads the workspace:
-        raw logprobs without top-N (top-N and processed logprobs take the one-block kernel)."""
+    def _uses_kernel_workspace(self, config) -> bool:
+        # Only the split-row path reads it: raw logprobs without top-N (top-N and processed
+        # logprobs take the one-block kernel).
         return (config.torch_device.type == "cuda" and config.enable_output_logprobs
                 and config.logprobs_mode == "raw" and config.top_logprobs_num == 0)
-
-    def _planned_bytes(self, config) -> dict[str, int]:
-        planned = super()._planned_bytes(config)
-        if self._uses_workspace(config):
-            planned["the kernels' workspace (max_bs * max_draft_tokens_per_req)"] = (
-                _C.sample_rows_workspace_bytes(config.max_bs * config.max_draft_tokens_per_req))
-        return planned
 
     def _check_applicable(self, sp: SamplingParams, rid: str) -> None:
         # Penalties and bias change which token is the argmax, and this backend keeps no

@@ -14,7 +14,6 @@ import torch
 from .. import _C
 from ..batch import LogitsProcessorOutput, SamplingBatchInfo
 from ..bitmask import apply_token_bitmask
-from ..config import LOGPROBS_MODES
 from ..graphs import (
     CUDA_GRAPH_VARIANT_DEFAULT,
     CUDA_GRAPH_VARIANT_NO_FILTER,
@@ -85,14 +84,6 @@ class GumbelSamplingBackend(SamplingBackend):
         self._converted: dict[str, _Admitted] = {}
         self._in_slot: list[_Admitted | None] = [None] * config.pool_rows
         self._row_offsets = torch.arange(config.max_draft_tokens_per_req, device=self.device)
-        self._logprobs_mode = LOGPROBS_MODES.index(config.logprobs_mode)
-        # Scratch of the CUDA kernels, sized once from the config: no step allocates. Zeroed
-        # once: it holds the single-launch kernel's per-row tickets, which must start at zero
-        # (each launch leaves them at zero again; csrc/cuda/workspace.h).
-        rows = config.max_bs * config.max_draft_tokens_per_req
-        self._workspace = (
-            torch.zeros(_C.sample_rows_workspace_bytes(rows), dtype=torch.uint8, device=self.device)
-            if self._uses_workspace(self.device) else None)
 
     def _capacities(self, config) -> tuple[int, int]:
         """The slot table's (history, bias) capacities: `gumbel` keeps neither."""
@@ -100,8 +91,8 @@ class GumbelSamplingBackend(SamplingBackend):
             return 0, 0
         return min(config.penalty_history_capacity, config.vocab_size), config.logit_bias_capacity
 
-    def _uses_workspace(self, device: torch.device) -> bool:
-        return self._KERNEL_WORKSPACE and device.type == "cuda"
+    def _uses_kernel_workspace(self, config) -> bool:
+        return self._KERNEL_WORKSPACE and config.torch_device.type == "cuda"
 
     def _table_bytes(self, config) -> dict[str, int]:
         return {"the slot table (max_req_pool_size, vocab_size, penalty_history_capacity, "
@@ -109,11 +100,7 @@ class GumbelSamplingBackend(SamplingBackend):
                     config.pool_rows, config.vocab_size, *self._capacities(config))}
 
     def _planned_bytes(self, config) -> dict[str, int]:
-        planned = super()._planned_bytes(config) | self._table_bytes(config)
-        if self._uses_workspace(config.torch_device):
-            planned["the kernels' workspace (max_bs * max_draft_tokens_per_req)"] = (
-                _C.sample_rows_workspace_bytes(config.max_bs * config.max_draft_tokens_per_req))
-        return planned
+        return super()._planned_bytes(config) | self._table_bytes(config)
 
     def _planned_host_bytes(self, config) -> dict[str, int]:
         return self._table_bytes(config)  # the slot manager builds the table on the host first
