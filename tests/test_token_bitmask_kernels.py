@@ -54,11 +54,13 @@ def _inputs(route, V, dtype, kind, rows, seed):
     return mgr, torch.tensor(slots, dtype=torch.int32), lengths, logits, bits, premasked, max_top_k
 
 
-def _sample(logits, bits, mgr, slots, lengths, route, max_top_k, mode, top_n, device):
+def _sample(logits, bits, mgr, slots, lengths, route, max_top_k, mode, top_n, device,
+            logprobs=True):
+    # logprobs False: a step that publishes none (the kernels then read no raw partials)
     rows = logits.size(0)
     out = torch.full((rows,), -7, dtype=torch.int32, device=device)
     invalid = torch.zeros(rows, dtype=torch.bool, device=device)
-    logprobs = torch.zeros(rows, dtype=torch.float32, device=device)
+    logprobs = torch.zeros(rows, dtype=torch.float32, device=device) if logprobs else None
     top_values = torch.zeros(rows, top_n, dtype=torch.float32, device=device) if top_n else None
     top_ids = torch.zeros(rows, top_n, dtype=torch.int64, device=device) if top_n else None
     OPS.sample_rows(logits.to(device), slots.to(device), lengths.to(device), mgr.table.to(device),
@@ -73,19 +75,20 @@ def _sample(logits, bits, mgr, slots, lengths, route, max_top_k, mode, top_n, de
 @pytest.mark.parametrize("kind", MASKS)
 @pytest.mark.parametrize("route", list(ROUTES))
 def test_sample_rows_with_bitmask_equals_premasked_logits(route, kind, dtype, device):
-    # (logprobs mode, top-N): the multi-block paths, then the one-block kernel (processed, top-N)
+    # (logprobs, mode, top-N): the multi-block paths without and with raw logprobs, then the
+    # one-block kernel (processed, top-N)
     for V in _vocabs(device):
         for rows in (2, 24):  # the single launch (<= 4 rows) and the two-kernel launches
             seed = zlib.crc32(f"{route}-{kind}-{dtype}-{V}-{rows}".encode())
             mgr, slots, lengths, logits, bits, premasked, max_top_k = _inputs(
                 route, V, dtype, kind, rows, seed)
-            for mode, top_n in ((0, 0), (1, 0), (0, 3)):
+            for logprobs, mode, top_n in ((False, 0, 0), (True, 0, 0), (True, 1, 0), (True, 0, 3)):
                 fused = _sample(logits, bits, mgr, slots, lengths, ROUTES[route], max_top_k, mode,
-                                top_n, device)
+                                top_n, device, logprobs)
                 plain = _sample(premasked, None, mgr, slots, lengths, ROUTES[route], max_top_k,
-                                mode, top_n, device)
+                                mode, top_n, device, logprobs)
                 for a, b in zip(fused, plain):
-                    assert torch.equal(a, b), (V, rows, mode, top_n, a, b)
+                    assert torch.equal(a, b), (V, rows, logprobs, mode, top_n, a, b)
                 if kind == "empty_row":
                     assert fused[1][0].item() and fused[0][0].item() == 0
 
@@ -108,10 +111,13 @@ def test_masked_top_k_with_penalties_at_the_split_row_limit(rows, device):
     bits, allowed = _mask_bits("half", rows, V, gen)
     premasked = logits.masked_fill(~allowed, float("-inf"))
     k = max(p.top_k for p in params)
-    fused = _sample(logits, bits, mgr, slots, lengths, ROUTES["top_k_top_p"], k, 0, 0, device)
-    plain = _sample(premasked, None, mgr, slots, lengths, ROUTES["top_k_top_p"], k, 0, 0, device)
-    for a, b in zip(fused, plain):
-        assert torch.equal(a, b)
+    for logprobs in (False, True):
+        fused = _sample(logits, bits, mgr, slots, lengths, ROUTES["top_k_top_p"], k, 0, 0, device,
+                        logprobs)
+        plain = _sample(premasked, None, mgr, slots, lengths, ROUTES["top_k_top_p"], k, 0, 0,
+                        device, logprobs)
+        for a, b in zip(fused, plain):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("device", DEVICES)
