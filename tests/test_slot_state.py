@@ -159,6 +159,40 @@ def test_flip_clears_history_and_bias(full):
     assert full.logit_bias(2) == {}
 
 
+def test_a_flip_leaves_no_trace_of_the_previous_request(full):
+    """A flip writes only a prefix of the row (slot_layout.h): the lists are emptied by their
+    lengths and the prompt mask is rewritten only where the slot had one or gets one. Whatever
+    the previous owner left (prompt mask, output history, a longer bias list), the slot then
+    holds what a never-used slot given the same request holds, and samples the same."""
+    fresh = ts.create_backend("gumbel_full", make_config())
+    rich = sp(temperature=0.0, frequency_penalty=1.0, repetition_penalty=1.5,
+              logit_bias={t: 0.5 for t in range(20, 40)})
+    full.prepare_step(["old1", "old2"], [2, 3], [rich, rich], prompt_token_ids=[[5, 6], [7]])
+    logits = torch.zeros(2, VOCAB)
+    logits[:, 9] = 5.0
+    sample_once(full, logits, [2, 3])
+    assert full.penalty_history(2) == {5: 0, 6: 0, 9: 1}
+    # one step: slot 2 to a request with a repetition penalty and no prompt (its mask must be
+    # cleared), slot 3 to one with a new prompt and a shorter bias list, slot 4 (never used) to
+    # a plain one
+    new = [sp(repetition_penalty=1.3, logit_bias={50: 1.0}),
+           sp(repetition_penalty=1.2, logit_bias={1: -1.0}), sp()]
+    prompts = [None, [8, 9, 8], None]
+    full.prepare_step(["n2", "n3", "n4"], [2, 3, 4], new, prompt_token_ids=prompts)
+    fresh.prepare_step(["n2", "n3", "n4"], [5, 6, 7], new, prompt_token_ids=prompts)
+    for slot, fresh_slot in ((2, 5), (3, 6), (4, 7)):
+        assert full.penalty_history(slot) == fresh.penalty_history(fresh_slot)
+        assert full.logit_bias(slot) == fresh.logit_bias(fresh_slot)
+    assert full.penalty_history(3) == {8: 0, 9: 0}
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(sample_once(full, logits, [2, 3, 4])[0], sample_once(fresh, logits, [5, 6, 7])[0])
+    # and back to neutral: reset_capture_state clears slot 0's prompt mask too
+    full.prepare_step(["warm"], [0], [sp(repetition_penalty=1.5)], prompt_token_ids=[[3]])
+    assert full.penalty_history(0) == {3: 0}
+    full.reset_capture_state()
+    assert full.penalty_history(0) == {}
+
+
 def test_history_of_slot_zero_is_cleared_by_reset_capture_state(full):
     full.prepare_step(["warm"], [0], [sp(temperature=0.0, frequency_penalty=1.0)])
     sample_once(full, torch.randn(1, VOCAB), [0])

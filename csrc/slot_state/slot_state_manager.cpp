@@ -27,7 +27,9 @@ SlotStateManager::SlotStateManager(int64_t pool_rows, int64_t vocab_size, int64_
       layout_(layout_for(vocab_size, history_capacity, bias_capacity)),
       with_min_p_(with_min_p),
       device_(device),
-      owners_(static_cast<size_t>(std::max<int64_t>(pool_rows, 0))) {
+      owners_(static_cast<size_t>(std::max<int64_t>(pool_rows, 0))),
+      prompt_mask_set_(owners_.size()),
+      flipping_(owners_.size()) {
   if (pool_rows < 1) throw value_error("pool_rows=", pool_rows, " must be >= 1");
   if (vocab_size < 1 || vocab_size > (int64_t{1} << 20))
     throw value_error("vocab_size=", vocab_size, " must be in [1, 2^20]");
@@ -36,7 +38,8 @@ SlotStateManager::SlotStateManager(int64_t pool_rows, int64_t vocab_size, int64_
                       " must be >= 0");
   auto neutral = torch::zeros({pool_rows, layout_.row_words()}, torch::kInt32);
   const SlotParams defaults;
-  for (int64_t s = 0; s < pool_rows; ++s) pack_row(neutral[s].data_ptr<int32_t>(), defaults, {});
+  for (int64_t s = 0; s < pool_rows; ++s)
+    pack_row(neutral[s].data_ptr<int32_t>(), kScalarWords, defaults, {});
   table_ = neutral.to(device_);
 }
 
@@ -103,9 +106,20 @@ void SlotStateManager::validate(
   }
 }
 
-void SlotStateManager::pack_row(int32_t* row, const SlotParams& p,
+bool SlotStateManager::sets_prompt_mask(const SlotParams& p,
+                                        const std::optional<std::vector<int64_t>>& prompt) const {
+  return prompt && !prompt->empty() && p.repetition_penalty != 1.0f && layout_.prompt_mask_words > 0;
+}
+
+int32_t SlotStateManager::flip_words(const SlotParams& p, bool with_mask) const {
+  if (with_mask) return layout_.prompt_mask_col() + layout_.prompt_mask_words;
+  if (p.logit_bias.empty()) return kScalarWords;
+  return layout_.bias_values_col() + static_cast<int32_t>(p.logit_bias.size());
+}
+
+void SlotStateManager::pack_row(int32_t* row, int32_t words, const SlotParams& p,
                                 const std::optional<std::vector<int64_t>>& prompt) const {
-  std::fill(row, row + layout_.row_words(), 0);
+  std::fill(row, row + words, 0);
   row[kColTemperature] = float_word(p.temperature);
   row[kColTopK] = p.top_k;
   row[kColTopP] = float_word(p.top_p);
@@ -118,7 +132,7 @@ void SlotStateManager::pack_row(int32_t* row, const SlotParams& p,
 
   // Prompt tokens matter only to the repetition penalty: one bit each in the prompt mask,
   // however long the prompt. The output history starts empty (fill above).
-  if (prompt && p.repetition_penalty != 1.0f && layout_.prompt_mask_words > 0) {
+  if (sets_prompt_mask(p, prompt)) {
     auto* mask = reinterpret_cast<uint32_t*>(row + layout_.prompt_mask_col());
     for (int64_t token : *prompt) mask[token >> 5] |= 1u << (token & 31);
   }
@@ -140,18 +154,19 @@ void SlotStateManager::pack_row(int32_t* row, const SlotParams& p,
 void SlotStateManager::upload(const std::vector<int64_t>& slots, const torch::Tensor& staged) {
   if (slots.empty()) return;
   auto index = torch::tensor(slots, torch::kInt64);
+  const int64_t w = staged.size(1);
+  auto prefix = table_.narrow(1, 0, w);  // the rows' first w words (a strided view)
   if (device_.is_cpu()) {
-    table_.index_copy_(0, index, staged);
+    prefix.index_copy_(0, index, staged);
     return;
   }
   // Slot indices travel in the same pinned buffer as the rows: one host-to-device copy.
-  const int64_t w = layout_.row_words();
   auto packed = torch::empty({static_cast<int64_t>(slots.size()), w + 1},
                              torch::TensorOptions().dtype(torch::kInt32).pinned_memory(true));
   packed.narrow(1, 0, w).copy_(staged);
   packed.select(1, w).copy_(index);
   auto on_device = packed.to(device_, /*non_blocking=*/true);
-  table_.index_copy_(0, on_device.select(1, w).to(torch::kInt64), on_device.narrow(1, 0, w));
+  prefix.index_copy_(0, on_device.select(1, w).to(torch::kInt64), on_device.narrow(1, 0, w));
 }
 
 Route SlotStateManager::prepare_step(
@@ -164,21 +179,34 @@ Route SlotStateManager::prepare_step(
   std::vector<size_t> sources;
   for (size_t i = 0; i < request_ids.size(); ++i) {
     const int64_t slot = pool_indices[i];
-    if (owners_[slot] == request_ids[i]) continue;
-    if (std::find(flipped.begin(), flipped.end(), slot) != flipped.end()) continue;
+    if (owners_[slot] == request_ids[i] || flipping_[slot]) continue;  // (a rid listed twice)
+    flipping_[slot] = 1;
     flipped.push_back(slot);
     sources.push_back(i);
   }
+  for (int64_t slot : flipped) flipping_[slot] = 0;
   if (!flipped.empty()) {
-    auto staged = torch::empty({static_cast<int64_t>(flipped.size()), layout_.row_words()},
-                               torch::kInt32);
+    const std::optional<std::vector<int64_t>> no_prompt;
+    auto prompt_of = [&](size_t i) -> const std::optional<std::vector<int64_t>>& {
+      return prompt_token_ids.empty() ? no_prompt : prompt_token_ids[i];
+    };
+    // One prefix width for the step: the widest any flipped row needs.
+    int32_t words = kScalarWords;
     for (size_t f = 0; f < flipped.size(); ++f) {
       const size_t i = sources[f];
-      pack_row(staged[f].data_ptr<int32_t>(), params[i],
-               prompt_token_ids.empty() ? std::nullopt : prompt_token_ids[i]);
+      const bool with_mask = prompt_mask_set_[flipped[f]] || sets_prompt_mask(params[i], prompt_of(i));
+      words = std::max(words, flip_words(params[i], with_mask));
     }
+    auto staged = torch::empty({static_cast<int64_t>(flipped.size()), words}, torch::kInt32);
+    for (size_t f = 0; f < flipped.size(); ++f)
+      pack_row(staged.data_ptr<int32_t>() + f * words, words, params[sources[f]],
+               prompt_of(sources[f]));
     upload(flipped, staged);
-    for (size_t f = 0; f < flipped.size(); ++f) claim(flipped[f], request_ids[sources[f]]);
+    for (size_t f = 0; f < flipped.size(); ++f) {
+      const size_t i = sources[f];
+      prompt_mask_set_[flipped[f]] = sets_prompt_mask(params[i], prompt_of(i));
+      claim(flipped[f], request_ids[i]);
+    }
     rows_written_ += static_cast<int64_t>(flipped.size());
   }
   return select_route(params, vocab_size_, with_min_p_);
@@ -200,9 +228,12 @@ void SlotStateManager::claim(int64_t slot, const std::string& rid) {
 
 void SlotStateManager::reset_slot(int64_t slot) {
   if (slot < 0 || slot >= pool_rows_) throw value_error("slot=", slot, " is outside [0, ", pool_rows_, ")");
-  auto staged = torch::empty({1, layout_.row_words()}, torch::kInt32);
-  pack_row(staged[0].data_ptr<int32_t>(), SlotParams{}, std::nullopt);
+  const SlotParams neutral;
+  const int32_t words = flip_words(neutral, prompt_mask_set_[slot] != 0);
+  auto staged = torch::empty({1, words}, torch::kInt32);
+  pack_row(staged.data_ptr<int32_t>(), words, neutral, std::nullopt);
   upload({slot}, staged);
+  prompt_mask_set_[slot] = 0;
   release(slot);
 }
 

@@ -3,7 +3,8 @@
 // Host side: which request id owns each pool row, flip detection, validation. Device side: one
 // int32 slot table [pool_rows, row_words] (layout in tokensampler/slot_layout.h) that the
 // kernels read by req_pool_indices. A step's flipped rows are packed on the host into one
-// staging buffer and reach the device in a single copy, followed by one index_copy_.
+// staging buffer and reach the device in a single copy, followed by one index_copy_; only the
+// prefix of the rows a flip must write travels (slot_layout.h).
 #pragma once
 
 #include <torch/torch.h>
@@ -55,8 +56,15 @@ class SlotStateManager {
   void validate(const std::vector<std::string>& request_ids,
                 const std::vector<int64_t>& pool_indices, const std::vector<SlotParams>& params,
                 const std::vector<std::optional<std::vector<int64_t>>>& prompt_token_ids) const;
-  void pack_row(int32_t* row, const SlotParams& p,
+  // Whether a flip to `p` sets bits in the slot's prompt mask.
+  bool sets_prompt_mask(const SlotParams& p, const std::optional<std::vector<int64_t>>& prompt) const;
+  // Words of the row prefix a flip to `p` writes: the scalars, its bias entries, and the prompt
+  // mask when `with_mask` (the slot had one or gets one).
+  int32_t flip_words(const SlotParams& p, bool with_mask) const;
+  // Writes words [0, words) of a row for `p` (words from flip_words, or more).
+  void pack_row(int32_t* row, int32_t words, const SlotParams& p,
                 const std::optional<std::vector<int64_t>>& prompt) const;
+  // Copies staged [n, w] into the first w words of the slots' rows.
   void upload(const std::vector<int64_t>& slots, const torch::Tensor& staged);
 
   int64_t pool_rows_;
@@ -67,6 +75,8 @@ class SlotStateManager {
   torch::Tensor table_;
   std::vector<std::optional<std::string>> owners_;
   std::unordered_map<std::string, int64_t> slot_of_;  // each owner's slot (owners_ inverted)
+  std::vector<uint8_t> prompt_mask_set_;  // per slot: its prompt mask may hold bits
+  std::vector<uint8_t> flipping_;         // per slot, during prepare_step: already listed
 
   // Gives `slot` to request `rid`: the slot's previous owner loses it, and so does the slot rid
   // held before, so that coming back to it is a flip (DESIGN §2).

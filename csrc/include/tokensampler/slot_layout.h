@@ -9,6 +9,11 @@
 // most) and, in tables that have a history, a bitmask of the prompt's tokens (P = ceil(V / 32)
 // words, V / 8 bytes: a 128k-token prompt costs what a 1-token one does). A slot costs
 // 4 * (kScalarWords + 2H + 2B + P) bytes, not 4 * V.
+//
+// Row order: scalars, bias list (B tokens, B values), prompt mask, history list (H tokens, H
+// counts). What a flip writes comes first, so a flip writes a prefix of the row: the lists are
+// read only up to their lengths (scalars), so emptying one is writing its length, and the prompt
+// mask is written only where the slot had one or gets one (SlotStateManager::prepare_step).
 #pragma once
 
 #include "tokensampler/platform.h"
@@ -42,11 +47,11 @@ struct SlotLayout {
   // Offset of a slot's row in the table, in 64 bits (a pool of 2^20 slots at V = 2^20 spans
   // more than 2^31 words).
   TS_HD int64_t row_offset(int64_t slot) const { return slot * row_words(); }
-  TS_HD int32_t history_tokens_col() const { return kScalarWords; }
-  TS_HD int32_t history_counts_col() const { return kScalarWords + history_capacity; }
-  TS_HD int32_t bias_tokens_col() const { return kScalarWords + 2 * history_capacity; }
-  TS_HD int32_t bias_values_col() const { return kScalarWords + 2 * history_capacity + bias_capacity; }
-  TS_HD int32_t prompt_mask_col() const { return kScalarWords + 2 * history_capacity + 2 * bias_capacity; }
+  TS_HD int32_t bias_tokens_col() const { return kScalarWords; }
+  TS_HD int32_t bias_values_col() const { return kScalarWords + bias_capacity; }
+  TS_HD int32_t prompt_mask_col() const { return kScalarWords + 2 * bias_capacity; }
+  TS_HD int32_t history_tokens_col() const { return prompt_mask_col() + prompt_mask_words; }
+  TS_HD int32_t history_counts_col() const { return history_tokens_col() + history_capacity; }
 };
 
 // Index of `token` in the ascending list[0, n), or -1.
