@@ -121,6 +121,64 @@ def test_masked_top_k_with_penalties_at_the_split_row_limit(rows, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("route", ["no_filter", "top_k_top_p"])
+@pytest.mark.parametrize("n", [1, 4])  # plain rows; verify rows (their drafts count as penalties)
+@pytest.mark.parametrize("rows", [4, 24])  # the single launch and the two-kernel launches
+def test_masked_edge_rows_without_logprobs_equal_premasked_logits(rows, n, route, device):
+    """Steps without logprobs, where the split-row loops may apply the bitmask late, on the rows
+    where that could go wrong: a +inf or huge bias on a disallowed token, a row whose allowed
+    tokens are all -inf or NaN (invalid), an allowed +inf beside a disallowed one, an allowed
+    set smaller than k, small and large k, penalties from the history and the drafts."""
+    V = _vocabs(device)[-1]
+    bs = rows // n
+    gen = torch.Generator().manual_seed(rows * 10 + n)
+    banned = [11, 12, 13]  # disallowed in every row, and biased
+    params = []
+    for q in range(bs):
+        kw = dict(temperature=0.8, seed=q, repetition_penalty=1.3, frequency_penalty=0.5,
+                  logit_bias={11: float("inf"), 12: 1e30, 13: 5.0, 40 + q: 2.0})
+        if route == "top_k_top_p":
+            kw.update(top_k=[20, 200, 450][q % 3], top_p=0.9)
+        params.append(ts.SamplingParams(**kw))
+    mgr, slots, _ = build_slots(params, V, prompts=[[40 + q, 41 + q] for q in range(bs)])
+    slots = torch.tensor(slots, dtype=torch.int32)
+    lengths = torch.arange(bs + 1, dtype=torch.int32)
+    logits = torch.randn(rows, V, generator=gen) * 3
+    words = (V + 31) // 32
+    allowed = torch.rand(rows, words * 32, generator=gen) < 0.3
+    allowed[:, banned] = False
+    allowed[1] = False  # row 1: allowed tokens only where its logits are -inf or NaN
+    allowed[1, 100:110] = True
+    logits[1, 100:105] = float("-inf")
+    logits[1, 105:110] = float("nan")
+    allowed[2, 7] = True  # row 2: an allowed +inf, and a disallowed one before it
+    allowed[2, 5] = False
+    logits[2, 7] = float("inf")
+    logits[2, 5] = float("inf")
+    allowed[rows - 1] = False  # last row: 12 allowed tokens, fewer than any k here
+    allowed[rows - 1, torch.randperm(V, generator=gen)[:12]] = True
+    allowed = allowed[:, :V]
+    bits = pack_token_bitmask(torch.nn.functional.pad(allowed, (0, words * 32 - V)))
+    premasked = logits.masked_fill(~allowed, float("-inf"))
+    drafts = torch.randint(0, 64, (bs, n), generator=gen, dtype=torch.int32) if n > 1 else None
+    max_top_k = max((p.top_k for p in params if p.top_k > 0), default=0)
+    outs = []
+    for x, m in ((logits, bits), (premasked, None)):
+        out = torch.full((rows,), -7, dtype=torch.int32, device=device)
+        invalid = torch.zeros(rows, dtype=torch.bool, device=device)
+        OPS.sample_rows(x.to(device), slots.to(device), lengths.to(device), mgr.table.to(device),
+                        mgr.history_capacity, mgr.bias_capacity, n,
+                        None if drafts is None else drafts.to(device), True, 0, ROUTES[route],
+                        max_top_k, out, invalid, None, None, None, None,
+                        None if m is None else m.to(device))
+        outs.append((out, invalid))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert outs[0][1][1].item() and outs[0][0][1].item() == 0  # no allowed finite token
+    assert not outs[0][1][2].item() and outs[0][0][2].item() == 7  # the allowed +inf
+    assert not torch.isin(outs[0][0].cpu(), torch.tensor(banned)).any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_argmax_rows_with_bitmask_equals_premasked_logits(dtype, device):
     for V in _vocabs(device):
