@@ -7,7 +7,7 @@
 #   TOKENSAMPLER_CUDA=0 scripts/build_wheel.sh             CPU-only wheel
 #   MAX_JOBS=N (default: nproc)  PYTHON=... (default: python3)
 #   NVCC_THREADS=N (default: 4 with MAX_JOBS >= 8, else 1): nvcc compiles the architectures of
-#     one .cu file in N threads (--threads), so the 7 CUDA files keep more than 7 cores busy
+#     one .cu file in N threads (--threads), so the 8 CUDA files keep more than 8 cores busy
 #   PLATFORM_TAG=... (default: manylinux_2_28_<arch>, raised if the build needs a newer glibc)
 # The wheel requires torch==X.Y.* of the torch it was built with (scripts/release_wheel.py).
 set -euo pipefail

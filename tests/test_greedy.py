@@ -114,14 +114,14 @@ def test_greedy_logprobs_equal_the_kernels_on_inf_rows_and_ties():
     assert torch.equal(og.next_token_logprobs, ok.next_token_top_logprobs_val[:, 0])
     assert og.next_token_logprobs[1] == -inf and og.next_token_top_logprobs_val[1].eq(-inf).all()
     assert og.next_token_logprobs[2].item() == pytest.approx(-math.log(2), abs=1e-7)
-    # logprobs.py's torch ops (rejection verify's logprobs, the FlashInfer adapters') follow the
-    # kernels' rule on the same rows: top-N ids exactly, values to rounding (another sum order)
+    # the raw_logprobs op (rejection verify's logprobs, the FlashInfer adapters') is the kernels'
+    # rule on the same rows: on CPU the same functions, so bit for bit
     lp, tv = torch.empty(5), torch.empty(5, 4)
     ti = torch.empty(5, 4, dtype=torch.int64)
     raw_logprobs_at(logits, tokens, lp, tv, ti)
     assert torch.equal(ti, og.next_token_top_logprobs_idx)
-    torch.testing.assert_close(tv, og.next_token_top_logprobs_val, atol=1e-5, rtol=0)
-    torch.testing.assert_close(lp, og.next_token_logprobs, atol=1e-5, rtol=0)
+    assert torch.equal(tv, og.next_token_top_logprobs_val)
+    assert torch.equal(lp, og.next_token_logprobs)
     processed = ts.create_backend("greedy", make_config(logprobs_mode="processed", **cfg))
     op = ts.LogitsProcessorOutput(logits.clone())
     processed.sample(op, batch_info([1, 2, 3, 4, 5]))

@@ -127,6 +127,17 @@ def append_history_cases(device):
            _int32([5, 8, 9, 7, 7, 1], device), _int32([2, 3], device), 3)
 
 
+def raw_logprobs_cases(device):
+    bits = torch.full((3, (V + 31) // 32), -1, dtype=torch.int32)
+    bits[1, 0] = 0  # tokens 0..31 of row 1 disallowed
+    for dtype, top_n, mask in ((torch.float32, 0, None), (torch.bfloat16, 3, bits)):
+        yield (_logits(3, device, dtype, requires_grad=dtype == torch.float32),
+               _int32([5, -1, 63], device), torch.empty(3, dtype=torch.float32, device=device),
+               torch.empty(3, top_n, dtype=torch.float32, device=device) if top_n else None,
+               torch.empty(3, top_n, dtype=torch.int64, device=device) if top_n else None,
+               None if mask is None else mask.to(device))
+
+
 CASES = {
     "argmax_rows": argmax_rows_cases,
     "sample_rows": sample_rows_cases,
@@ -136,6 +147,7 @@ CASES = {
     "gumbel_noise": gumbel_noise_cases,
     "min_p_threshold": min_p_threshold_cases,
     "append_history": append_history_cases,
+    "raw_logprobs": raw_logprobs_cases,
 }
 
 
@@ -210,6 +222,12 @@ def _bad_variants():
     m = list(next(min_p_threshold_cases("cpu")))
     yield "min_p_threshold", "float64 min_p", [m[0], m[1].double(), m[2]]
     yield "min_p_threshold", "short out", [m[0], m[1], m[2][:3]]
+    lp = list(list(raw_logprobs_cases("cpu"))[1])  # with top-N and a bitmask
+    lp[0] = lp[0].detach()
+    yield "raw_logprobs", "int64 tokens", [lp[0], lp[1].long()] + lp[2:]
+    yield "raw_logprobs", "short tokens", [lp[0], lp[1][:2]] + lp[2:]
+    yield "raw_logprobs", "top-N without ids", lp[:4] + [None, lp[5]]
+    yield "raw_logprobs", "bitmask rows", lp[:5] + [lp[5][:2]]
     a = list(next(argmax_rows_cases("cpu")))
     yield "argmax_rows", "3-D logits", [a[0].detach().view(1, 3, V), a[1]]
     yield "argmax_rows", "int32 out_invalid", [a[0].detach(), a[1], None,

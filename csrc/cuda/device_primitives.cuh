@@ -1,6 +1,7 @@
 // The one set of device primitives every CUDA path uses (split_row, histogram_cut, sample,
-// verify, argmax): the (value, id) candidate and its rank order, the warp / block best of it,
-// order-preserving keys of z, warp-aggregated appends, and the online log-sum-exp merge.
+// verify, argmax, raw_logprobs): the (value, id) candidate and its rank order, the warp / block
+// best of it, order-preserving keys of z, warp-aggregated appends, the online log-sum-exp merge
+// and the raw logprob it gives.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -115,6 +116,16 @@ __device__ __forceinline__ void block_merge_lse(float& m, float& s, float* red_m
   m = kNegInf;
   s = 0.0f;
   for (int j = 0; j < kThreads / 32; ++j) merge_lse(m, s, red_m[j], red_s[j]);
+}
+
+// §3.8 raw log-softmax of a sanitised logit, from its row's +inf count and raw (max, sum-exp) of
+// the finite values: -log(count) at a +inf entry of a row with some (-inf elsewhere), -inf in a
+// row with no finite or +inf value, else (x - max) - log(sum), not x - (max + log(sum)), which
+// loses log(sum) next to a huge max.
+__device__ __forceinline__ float raw_logprob(float raw, int32_t inf_count, float raw_m, float raw_s) {
+  if (inf_count > 0) return raw == INFINITY ? -logf(static_cast<float>(inf_count)) : kNegInf;
+  if (raw_m == kNegInf) return kNegInf;
+  return static_cast<float>(double(raw) - double(raw_m) - log(double(raw_s)));
 }
 
 }  // namespace tokensampler::cuda

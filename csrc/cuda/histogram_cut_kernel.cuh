@@ -606,7 +606,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
     a.out_tokens[r] = token;
     a.out_invalid[r] = kind == kInvalid;
     if (a.out_logprobs != nullptr)
-      a.out_logprobs[r] = split_row::raw_logprob(x.raw(token), inf_count, raw_m, raw_s);
+      a.out_logprobs[r] = raw_logprob(x.raw(token), inf_count, raw_m, raw_s);
   }
 }
 

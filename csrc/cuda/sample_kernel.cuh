@@ -496,11 +496,7 @@ __device__ int32_t planned_token(const LogitsRow<T>& x, const RowInput& row, con
 
 // §3.8 raw log-softmax at a token, given the row's raw stats.
 __device__ __forceinline__ float raw_logprob_of(const RowPlan& p, float raw_value) {
-  if (p.raw_inf > 0) return raw_value == INFINITY ? -logf(static_cast<float>(p.raw_inf)) : kNegInf;
-  if (p.raw_max == kNegInf) return kNegInf;
-  // (x - max) - log(sum), not x - (max + log(sum)): the latter loses log(sum) next to a huge max
-  return static_cast<float>((static_cast<double>(raw_value) - p.raw_max) -
-                            log(static_cast<double>(p.raw_sum)));
+  return raw_logprob(raw_value, p.raw_inf, p.raw_max, p.raw_sum);
 }
 
 }  // namespace tokensampler::cuda

@@ -446,13 +446,6 @@ __device__ int32_t sample_ranked_prefix(const Candidate* buf, int m, const RowPa
   return block_best<kThreads>(c, scratch).id;
 }
 
-// Raw log-softmax of a sanitised logit, from the row's +inf count and raw (max, sum-exp).
-__device__ __forceinline__ float raw_logprob(float raw, int32_t inf_count, float raw_m, float raw_s) {
-  if (inf_count > 0) return raw == INFINITY ? -logf(static_cast<float>(inf_count)) : kNegInf;
-  if (raw_m == kNegInf) return kNegInf;
-  return static_cast<float>(double(raw) - double(raw_m) - log(double(raw_s)));
-}
-
 // Shared memory the finishing block works in (the finish kernel's own, or the chunk kernel's in
 // the single launch).
 struct FinishSmem {

@@ -162,6 +162,18 @@ inline void check_sample_rows_outputs(const at::Tensor& logits,
   }
 }
 
+// raw_logprobs: tokens int32 [rows] and the outputs sample_rows takes (at least one of them).
+inline void check_raw_logprobs_args(const at::Tensor& logits, const at::Tensor& tokens,
+                                    const std::optional<at::Tensor>& out_logprobs,
+                                    const std::optional<at::Tensor>& out_top_values,
+                                    const std::optional<at::Tensor>& out_top_ids,
+                                    const std::optional<at::Tensor>& token_bitmask) {
+  check_logits(logits);
+  check_int32_vector(tokens, "tokens", logits.sym_size(0), logits.device());
+  check_sample_rows_outputs(logits, out_logprobs, out_top_values, out_top_ids);
+  check_token_bitmask(token_bitmask, logits);
+}
+
 // The shared shape checks of sample_rows and verify_rejection.
 inline void check_sample_rows_args(const at::Tensor& logits, const at::Tensor& req_pool_indices,
                                    const at::Tensor& valid_cache_lengths,

@@ -72,6 +72,14 @@ void penalize_logits_meta(const at::Tensor& logits, const at::Tensor& req_pool_i
                       tokens_per_req, candidates, out);
 }
 
+void raw_logprobs_meta(const at::Tensor& logits, const at::Tensor& tokens,
+                       const std::optional<at::Tensor>& out_logprobs,
+                       const std::optional<at::Tensor>& out_top_values,
+                       const std::optional<at::Tensor>& out_top_ids,
+                       const std::optional<at::Tensor>& token_bitmask) {
+  check_raw_logprobs_args(logits, tokens, out_logprobs, out_top_values, out_top_ids, token_bitmask);
+}
+
 void min_p_threshold_meta(const at::Tensor& z_max, const at::Tensor& min_p, at::Tensor& out) {
   check_min_p_threshold_args(z_max, min_p, out);
 }
@@ -112,7 +120,7 @@ void below_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
 
 constexpr const char* kOps[] = {"argmax_rows",      "sample_rows",     "verify_chain",
                                 "verify_rejection", "penalize_logits", "gumbel_noise",
-                                "min_p_threshold",  "append_history"};
+                                "min_p_threshold",  "append_history",  "raw_logprobs"};
 
 }  // namespace
 
@@ -174,6 +182,14 @@ TORCH_LIBRARY(tokensampler, m) {
   // min_p[r] <= 0) in the kernels' own arithmetic (portable_log, one fp32 add), for code
   // outside them (vocab-parallel sampling) that must keep exactly the tokens they keep.
   m.def("min_p_threshold(Tensor z_max, Tensor min_p, Tensor(a!) out) -> ()");
+  // DESIGN §3.8 raw logprobs of given tokens, for code that samples without the sampling
+  // kernels (rejection verify, the FlashInfer adapters): out_logprobs[r] = the raw log-softmax
+  // of row r at tokens[r] (NaN where tokens[r] is outside [0, V): the row emitted no token) and
+  // the row's top-N (values, ids) in rank order, by the sampling kernels' rule (+inf rows, no
+  // finite logit, ties to the lower id). One read of each row.
+  m.def(
+      "raw_logprobs(Tensor logits, Tensor tokens, Tensor(a!)? out_logprobs, "
+      "Tensor(b!)? out_top_values, Tensor(c!)? out_top_ids, Tensor? token_bitmask=None) -> ()");
   // Adds the first accept_length[b] tokens of tokens[b*n : b*n+n] to slot b's output history.
   m.def(
       "append_history(Tensor(a!) slot_table, int history_capacity, int bias_capacity, "
@@ -190,6 +206,7 @@ TORCH_LIBRARY_IMPL(tokensampler, Meta, m) {
   m.impl("gumbel_noise", &gumbel_noise_meta);
   m.impl("min_p_threshold", &min_p_threshold_meta);
   m.impl("append_history", &append_history_meta);
+  m.impl("raw_logprobs", &raw_logprobs_meta);
 }
 
 TORCH_LIBRARY_IMPL(tokensampler, Autograd, m) {

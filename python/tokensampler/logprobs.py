@@ -1,12 +1,13 @@
-"""DESIGN §3.8's raw logprobs in torch ops, for the paths that do not run the sampling kernels
-(the FlashInfer adapters, the vocab-parallel sampler): the kernels' rule
-(`csrc/ops/row_reference.cpp`), rows with ±inf maxima included, and their top-N order."""
+"""DESIGN §3.8's raw logprobs for the paths that do not run the sampling kernels: given tokens
+of whole rows (rejection verify, the FlashInfer adapters) through the `raw_logprobs` op, and
+the per-shard partials of the vocab-parallel sampler in torch ops, by the kernels' rule
+(`csrc/ops/row_reference.cpp`), rows with ±inf maxima included."""
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["raw_values", "row_partials", "raw_logprob_given", "raw_logprobs_at", "ranked_top"]
+__all__ = ["raw_values", "row_partials", "raw_logprob_given", "raw_logprobs_at"]
 
 _INF = float("inf")
 
@@ -39,32 +40,14 @@ def raw_logprob_given(x: torch.Tensor, row_max: torch.Tensor, sum_exp: torch.Ten
     return out.masked_fill(row_max == float("-inf"), float("-inf"))
 
 
-def ranked_top(x: torch.Tensor, n: int, rows_per_pass: int = 64) -> torch.Tensor:
-    """int64 [rows, n]: the ids of each row's n first values in rank order (value descending,
-    ties to the lower id, -0 == +0), the kernels' top-N order; x without NaN. One int64 key per
-    value (order-preserving bits above, the inverted id below), rows_per_pass rows at a time so
-    the keys stay small beside the logits."""
-    low = 0xFFFFFFFF - torch.arange(x.size(-1), device=x.device, dtype=torch.int64)
-    out = torch.empty(x.size(0), n, dtype=torch.int64, device=x.device)
-    for start in range(0, x.size(0), rows_per_pass):
-        bits = (x[start:start + rows_per_pass] + 0.0).view(torch.int32)  # + 0.0: -0 becomes +0
-        key = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()  # signed, monotonic in x
-        key.bitwise_left_shift_(32).bitwise_or_(low)  # equal values: the lower id ranks first
-        out[start:start + rows_per_pass] = key.topk(n, dim=-1).indices
-    return out
-
-
 def raw_logprobs_at(logits: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor | None,
-                    top_values: torch.Tensor | None, top_ids: torch.Tensor | None) -> None:
-    """Writes the raw logprob of each row's token into logprobs[:rows] and the top-N (values,
-    ids) into top_values / top_ids[:rows], where given."""
-    x = raw_values(logits)
-    rows = x.size(0)
-    partials = row_partials(x)
-    if logprobs is not None:
-        picked = x.gather(1, tokens.long().view(rows, 1))
-        logprobs[:rows].copy_(raw_logprob_given(picked, *partials).view(rows))
-    if top_values is not None:
-        ids = ranked_top(x, top_values.size(1))
-        top_values[:rows].copy_(raw_logprob_given(x.gather(1, ids), *partials))
-        top_ids[:rows].copy_(ids)
+                    top_values: torch.Tensor | None, top_ids: torch.Tensor | None,
+                    token_bitmask: torch.Tensor | None = None) -> None:
+    """Writes the raw logprob of each row's token (int32 [rows]; NaN for a token outside
+    [0, V), a row that emitted none) into logprobs[:rows] and the rows' top-N (values, ids) into
+    top_values / top_ids[:rows], where given: the `raw_logprobs` op, one kernel that reads each
+    row once (and once per top-N rank) under the grammar bitmask, by the sampling kernels' rule."""
+    if logprobs is None and top_values is None:
+        return
+    torch.ops.tokensampler.raw_logprobs(logits, tokens, logprobs, top_values, top_ids,
+                                        token_bitmask)

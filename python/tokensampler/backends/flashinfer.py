@@ -193,7 +193,7 @@ class _FlashInferMixin:
         end_chains_at_invalid_rows(predict, accept, invalid)
         self._record_history(sampling_info, predict, accept, n)
         if self._wants_logprobs:
-            self._emitted_logprobs(logits, predict, readable)  # logits: masked above
+            self._emitted_logprobs(logits, None, predict, readable)  # logits: masked above
         self._publish_logprobs(logits_output, rows)
         return predict, accept
 

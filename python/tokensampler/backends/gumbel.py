@@ -13,7 +13,6 @@ import torch
 
 from .. import _C
 from ..batch import LogitsProcessorOutput, SamplingBatchInfo
-from ..bitmask import apply_token_bitmask
 from ..graphs import (
     CUDA_GRAPH_VARIANT_DEFAULT,
     CUDA_GRAPH_VARIANT_NO_FILTER,
@@ -278,17 +277,14 @@ class GumbelSamplingBackend(SamplingBackend):
             ids = torch.arange(self._top_ids.size(1), device=self.device).expand(rows, -1)
             self._top_ids[:rows].copy_(torch.where(unreadable.unsqueeze(1), ids, self._top_ids[:rows]))
 
-    def _emitted_logprobs(self, masked_logits: torch.Tensor, predict: torch.Tensor,
-                          readable: torch.Tensor) -> None:
+    def _emitted_logprobs(self, logits: torch.Tensor, token_bitmask: torch.Tensor | None,
+                          predict: torch.Tensor, readable: torch.Tensor) -> None:
         """DESIGN §3.8 for rejection-sampling verify, whose kernels emit tokens only: each row's
-        raw logprob at its token, NaN for the rows past a request's accepted tokens (they hold
-        none), and every row's top-N, from the masked logits (torch ops, logprobs.py); rows not
-        `readable` (their slot outside the pool) as the kernels write them."""
-        raw_logprobs_at(masked_logits, predict.clamp(min=0), self._logprobs, self._top_values,
-                        self._top_ids)
-        rows = predict.numel()
-        if self._logprobs is not None:
-            self._logprobs[:rows].masked_fill_(predict < 0, float("nan"))
+        raw logprob at its token, NaN for the rows past a request's accepted tokens (predict -1:
+        they hold none), and every row's top-N, under the grammar bitmask (the raw_logprobs
+        op); rows not `readable` (their slot outside the pool) as the kernels write them."""
+        raw_logprobs_at(logits, predict, self._logprobs, self._top_values, self._top_ids,
+                        token_bitmask)
         self._unreadable_logprobs(readable, predict >= 0)
 
     def _route_args(self) -> tuple[int, int]:
@@ -332,10 +328,8 @@ class GumbelSamplingBackend(SamplingBackend):
                 candidates, sampling_info.draft_probs, self._FULL, *self._route_args(),
                 predict, accept, self._rows(rows).invalid, sampling_info.token_bitmask)
             if self._wants_logprobs:
-                bitmask = sampling_info.token_bitmask
-                self._emitted_logprobs(
-                    logits if bitmask is None else apply_token_bitmask(logits, bitmask), predict,
-                    self._readable_rows(sampling_info, bs, n))
+                self._emitted_logprobs(logits, sampling_info.token_bitmask, predict,
+                                       self._readable_rows(sampling_info, bs, n))
         else:
             target = self._rows(rows).target
             self._sample_rows(logits, sampling_info, n, candidates, target)
