@@ -130,8 +130,10 @@ def check_prompt(prompt, i: int, vocab_size: int) -> list[int] | None:
         if prompt.device.type == "meta":
             raise ValueError(f"{name} is a meta tensor: it holds no token ids")
         tokens = prompt.tolist()
+    elif set(map(type, _sequence(prompt, name))) <= {int}:  # plain ints: no per-token checks
+        tokens = list(prompt)
     else:
-        tokens = [_index(t, name) for t in _sequence(prompt, name)]
+        tokens = [_index(t, name) for t in prompt]
     if tokens and not 0 <= min(tokens) <= max(tokens) < vocab_size:
         bad = next(t for t in tokens if not 0 <= t < vocab_size)
         raise ValueError(f"{name} holds token {bad}, outside [0, {vocab_size})")
