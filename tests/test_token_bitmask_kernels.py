@@ -146,7 +146,6 @@ def test_masked_edge_rows_without_logprobs_equal_premasked_logits(rows, n, route
     logits = torch.randn(rows, V, generator=gen) * 3
     words = (V + 31) // 32
     allowed = torch.rand(rows, words * 32, generator=gen) < 0.3
-    allowed[:, banned] = False
     allowed[1] = False  # row 1: allowed tokens only where its logits are -inf or NaN
     allowed[1, 100:110] = True
     logits[1, 100:105] = float("-inf")
@@ -157,6 +156,7 @@ def test_masked_edge_rows_without_logprobs_equal_premasked_logits(rows, n, route
     logits[2, 5] = float("inf")
     allowed[rows - 1] = False  # last row: 12 allowed tokens, fewer than any k here
     allowed[rows - 1, torch.randperm(V, generator=gen)[:12]] = True
+    allowed[:, banned] = False
     allowed = allowed[:, :V]
     bits = pack_token_bitmask(torch.nn.functional.pad(allowed, (0, words * 32 - V)))
     premasked = logits.masked_fill(~allowed, float("-inf"))

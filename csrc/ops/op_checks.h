@@ -57,9 +57,9 @@ inline void check_int32_vector(const at::Tensor& t, const char* name, const c10:
   check_vector(t, at::kInt, "int32", name, min_numel, device);
 }
 
-// The slot table's layout: H and B are given, the prompt mask takes the rest of the width
-// (the kernels read a prompt bit only below 32 * P, so any P >= 0 is memory-safe). Call after
-// check_slot_table.
+// The slot table's layout: H and B are given, the prompt mask (between the bias list and the
+// history, which ends the row) takes the rest of the width (the kernels read a prompt bit only
+// below 32 * P, so any P >= 0 is memory-safe). Call after check_slot_table.
 inline SlotLayout slot_layout_of(const at::Tensor& table, int64_t history_capacity,
                                  int64_t bias_capacity) {
   const auto prompt_words = table.size(1) - kScalarWords - 2 * history_capacity - 2 * bias_capacity;
@@ -162,7 +162,8 @@ inline void check_sample_rows_outputs(const at::Tensor& logits,
   }
 }
 
-// raw_logprobs: tokens int32 [rows] and the outputs sample_rows takes (at least one of them).
+// raw_logprobs: tokens int32 [rows] and the logprob outputs sample_rows takes (with neither, the
+// op writes nothing).
 inline void check_raw_logprobs_args(const at::Tensor& logits, const at::Tensor& tokens,
                                     const std::optional<at::Tensor>& out_logprobs,
                                     const std::optional<at::Tensor>& out_top_values,

@@ -177,6 +177,8 @@ Route SlotStateManager::prepare_step(
 
   std::vector<int64_t> flipped;
   std::vector<size_t> sources;
+  flipped.reserve(request_ids.size());  // nothing below throws while a flipping_ flag is set
+  sources.reserve(request_ids.size());
   for (size_t i = 0; i < request_ids.size(); ++i) {
     const int64_t slot = pool_indices[i];
     if (owners_[slot] == request_ids[i] || flipping_[slot]) continue;  // (a rid listed twice)
