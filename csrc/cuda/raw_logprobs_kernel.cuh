@@ -1,18 +1,19 @@
 // DESIGN §3.8 raw logprobs of given tokens (the raw_logprobs op; CPU kernel in
 // ops/raw_logprobs_cpu.cpp), for code that samples without the sampling kernels: rejection
 // verify, the FlashInfer adapters. The arithmetic is the sampling kernels' (raw_logprob in
-// device_primitives.cuh) and the top-N order sample.cu's.
+// device_primitives.cuh) and the top-N the one-block sampling kernel's (row_top_n.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include "device_primitives.cuh"
 #include "logits_row.cuh"
+#include "row_top_n.cuh"
 
 namespace tokensampler::cuda {
 
 // One block per row: one read for the raw (max, sum-exp) of the finite values and the +inf
-// count, then one per top-N rank (a block argmax over the values ranked after the rank before).
+// count, then one per top-N rank (for_each_top_raw).
 // A token outside [0, vocab) (a row that emitted none) gets NaN.
 template <typename T, int kThreads>
 __global__ void __launch_bounds__(kThreads)
@@ -44,22 +45,13 @@ __global__ void __launch_bounds__(kThreads)
     out_logprobs[r] = token >= 0 && token < vocab ? raw_logprob(x.raw(token), inf_count, m, s)
                                                   : __int_as_float(0x7fc00000);  // NaN
   }
-  Candidate prev{0.0f, -1};
-  for (int32_t n = 0; n < top_n; ++n) {
-    Candidate best{kNegInf, kNoId};
-    for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
-      const float v = x.raw(i);
-      if (prev.id >= 0 && !ranks_before(prev.z, prev.id, v, i)) continue;
-      best = best_of(best, Candidate{v, i});
-    }
-    best = block_best<kThreads>(best, scratch);
-    if (best.id >= vocab) best.id = 0;
-    if (threadIdx.x == 0) {
-      out_top_ids[r * top_n + n] = best.id;
-      out_top_values[r * top_n + n] = raw_logprob(best.z, inf_count, m, s);
-    }
-    prev = best;
-  }
+  for_each_top_raw(
+      x, vocab, top_n, kThreads, [&](Candidate c) { return block_best<kThreads>(c, scratch); },
+      [&](int32_t n, Candidate best) {
+        if (threadIdx.x != 0) return;
+        out_top_ids[r * top_n + n] = best.id;
+        out_top_values[r * top_n + n] = raw_logprob(best.z, inf_count, m, s);
+      });
 }
 
 }  // namespace tokensampler::cuda

@@ -7,6 +7,7 @@
 #include "../ops/op_checks.h"
 #include "dispatch_logits.cuh"
 #include "sample_kernel.cuh"
+#include "row_top_n.cuh"
 #include "sample_rows_paths.h"
 
 namespace tokensampler::cuda {
@@ -84,25 +85,13 @@ __global__ void __launch_bounds__(kSampleThreads)
       a.out_logprobs[r] = lp;
     }
   }
-  if (a.top_n > 0) {
-    // The N largest raw values in rank order, one block argmax per rank.
-    Candidate prev{0.0f, -1};
-    for (int32_t n = 0; n < a.top_n; ++n) {
-      Candidate best{kNegInf, kNoId};
-      for (int32_t i = threadIdx.x; i < a.vocab; i += kSampleThreads) {
-        const float v = x.raw(i);
-        if (prev.id >= 0 && !ranks_before(prev.z, prev.id, v, i)) continue;
-        best = best_of(best, Candidate{v, i});
-      }
-      best = block_best(best, sm);
-      if (best.id >= a.vocab) best.id = 0;
-      if (threadIdx.x == 0) {
+  for_each_top_raw(
+      x, a.vocab, a.top_n, kSampleThreads, [&](Candidate c) { return block_best(c, sm); },
+      [&](int32_t n, Candidate best) {
+        if (threadIdx.x != 0) return;
         a.out_top_ids[r * a.top_n + n] = best.id;
         a.out_top_values[r * a.top_n + n] = raw_logprob_of(p, best.z);
-      }
-      prev = best;
-    }
-  }
+      });
 }
 
 void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
