@@ -42,6 +42,15 @@ def _run(logits, tokens, bits, top_n, device):
     return lp.cpu(), tv.cpu(), ti.cpu()
 
 
+def _close_to_cpu(got, want):
+    """CUDA against CPU: top-N ids exactly, values to 1e-4 with ±inf and NaN in place."""
+    assert torch.equal(got[2], want[2])
+    for g, w in zip(got[:2], want[:2]):
+        assert torch.equal(g.isfinite(), w.isfinite()) and torch.equal(g.isnan(), w.isnan())
+        assert torch.equal(g[g.isinf()], w[w.isinf()])
+        torch.testing.assert_close(g[g.isfinite()], w[w.isfinite()], atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("V", [1000, 151936])
@@ -61,10 +70,23 @@ def test_raw_logprobs_rule_bitmask_and_devices(V, dtype, device):
     assert masked[0][2].item() == (0.0 if allowed[2, 41] else -INF)  # the one +inf left
     if device == "cpu":
         return
-    for got, want in ((lp, tv, ti), _run(logits, tokens, None, 4, "cpu")), \
-                     (masked, _run(logits, tokens, bits, 4, "cpu")):
-        assert torch.equal(got[2], want[2])  # top-N ids
-        for g, w in zip(got[:2], want[:2]):
-            assert torch.equal(g.isfinite(), w.isfinite()) and torch.equal(g.isnan(), w.isnan())
-            assert torch.equal(g[g.isinf()], w[w.isinf()])
-            torch.testing.assert_close(g[g.isfinite()], w[w.isfinite()], atol=1e-4, rtol=0)
+    _close_to_cpu((lp, tv, ti), _run(logits, tokens, None, 4, "cpu"))
+    _close_to_cpu(masked, _run(logits, tokens, bits, 4, "cpu"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("V,top_n", [(300, 4), (1000, 600), (1000, 1000), (5000, 2)])
+def test_raw_logprobs_top_n_shapes(V, top_n, device):
+    """A vocabulary smaller than a block, N larger than a block's threads, N = V (the whole row
+    in rank order) and N = 2, with the edge rows of _rows: the same ranks as a sort (CPU) and as
+    the CPU (CUDA)."""
+    logits, tokens, _ = _rows(V, torch.float32, torch.Generator().manual_seed(V + top_n))
+    tokens = tokens.clamp(max=V - 1)
+    got = _run(logits, tokens, None, top_n, device)
+    if device != "cpu":
+        _close_to_cpu(got, _run(logits, tokens, None, top_n, "cpu"))
+        return
+    x = logits.masked_fill(logits.isnan(), float("-inf"))
+    for r in range(x.size(0)):  # rank order: value descending, ties to the lower id
+        order = sorted(range(V), key=lambda i: (-x[r, i].item(), i))[:top_n]
+        assert got[2][r].tolist() == order, r
