@@ -36,6 +36,7 @@ class Route:
     penalties: bool = False
     logprobs: bool = False                    # publish each token's raw logprob ...
     top_logprobs: int = 0                     # ... and the top-N
+    draft_probs: bool = False                 # verify by rejection sampling (tokens_per_req > 1)
 
 
 ROUTES = {
@@ -53,6 +54,11 @@ ROUTES = {
                             penalties=True),
     "verify_top_k_top_p": Route("gumbel", dict(temperature=TEMPERATURE, top_k=TOP_K, top_p=TOP_P),
                                 tokens_per_req=4),
+    # what an OpenAI-style server asks for: the token's logprob and the top 5
+    "top_k_top_p_logprobs": Route("gumbel", dict(temperature=TEMPERATURE, top_k=TOP_K, top_p=TOP_P),
+                                  logprobs=True, top_logprobs=5),
+    "verify_rejection": Route("gumbel", dict(temperature=TEMPERATURE, top_k=TOP_K, top_p=TOP_P),
+                              tokens_per_req=4, logprobs=True, draft_probs=True),
 }
 
 
@@ -148,9 +154,13 @@ def ours_step(route: Route, bs: int, backend_name: str | None = None,
     prompts = [list(range(0, 4000, 7))] * bs if route.penalties else None
     backend.prepare_step([f"r{i}" for i in slots], slots, params, num_tokens_per_req=n,
                          prompt_token_ids=prompts)
+    draft_probs = None
+    if route.draft_probs:
+        g = torch.Generator(device=device).manual_seed(1)
+        draft_probs = torch.softmax(torch.randn(bs, n - 1, vocab, device=device, generator=g), -1)
     info = ts.SamplingBatchInfo(torch.tensor(slots, dtype=torch.int32, device=device),
                                 torch.full((bs + 1,), 100, dtype=torch.int32, device=device),
-                                vocab, device, token_bitmask=token_bitmask)
+                                vocab, device, draft_probs=draft_probs, token_bitmask=token_bitmask)
     candidates = torch.randint(0, vocab, (bs, n), dtype=torch.int32, device=device)
     if n == 1:
         return lambda logits: backend.sample(ts.LogitsProcessorOutput(logits), info)
@@ -196,6 +206,12 @@ def flashinfer_steps(route: str, rows: int):
         steps["torch.argmax+log_softmax+topk"] = argmax_logprobs
     if route == "no_filter":
         steps["sampling_from_logits"] = lambda l: fs.sampling_from_logits(l)
+    if route == "top_k_top_p_logprobs":  # FlashInfer samples; the engine adds the logprobs
+        def sample_logprobs(l):
+            token = fs.top_k_top_p_sampling_from_logits(l, k_t, p_t)
+            lp = torch.log_softmax(l.float(), -1)
+            return token, lp.gather(1, token.long().view(-1, 1)), lp.topk(5, -1)
+        steps["top_k_top_p_from_logits+log_softmax+topk"] = sample_logprobs
     if route in ("top_k", "top_k_top_p", "verify_top_k_top_p", "full_penalties", "mixed"):
         steps["top_k_top_p_from_logits(int k)"] = lambda l: fs.top_k_top_p_sampling_from_logits(
             l, TOP_K, TOP_P if route != "top_k" else 1.0)
