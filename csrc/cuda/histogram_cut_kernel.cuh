@@ -281,13 +281,13 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     if (z_max4 + 16.7f + margin < bar) return;
     const Philox4 w = random_words(p.seed, p.position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
     const uint32_t w_max = max(max(w.v[0], w.v[1]), max(w.v[2], w.v[3]));
-    if (z_max4 + split_row::gumbel_upper_bound(w_max) + margin < bar) return;
+    if (z_max4 + gumbel_upper_bound(w_max) + margin < bar) return;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       if (x[q] == kNegInf) continue;
       const float z_est = x[q] * inv_t;
       // Scored unless surely below (a NaN bound is scored).
-      if (z_est + split_row::gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) < fmaxf(bar, winner.z))
+      if (z_est + gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) < fmaxf(bar, winner.z))
         continue;
       const float z = scaled_logit(x[q], p.temperature);
       const Candidate scored{f_add(z, split_row::gumbel_of_word(w.v[q])), i + q};
@@ -479,11 +479,11 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
       const Philox4 w = random_words(p.seed, p.position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
       // One bound for the group first (gumbel_upper_bound grows with the word), then per token.
       const uint32_t w_max = max(max(w.v[0], w.v[1]), max(w.v[2], w.v[3]));
-      if (!(z_max4 + split_row::gumbel_upper_bound(w_max) + margin < bar)) {
+      if (!(z_max4 + gumbel_upper_bound(w_max) + margin < bar)) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const float z_est = x[q] * inv_t;
-          if (!sure[q] || z_est + split_row::gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) <
+          if (!sure[q] || z_est + gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) <
                               fmaxf(bar, best.z))
             continue;
           best = best_of(best,

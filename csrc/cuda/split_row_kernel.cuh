@@ -64,7 +64,6 @@ constexpr int kMaxSplits = 64;        // two-kernel launch, and top-k rows of th
 constexpr int kFusedMaxSplits = 256;  // single launch, rows without top-k: fill the GPU at bs 1
 static_assert(kBufferCap - kMergeCap >= kSplitRowMaxTopK,
               "the single launch's finishing block scans top-p masses behind its merge buffer");
-constexpr float kLn2 = 0.693147180559945f;
 
 // Programmatic dependent launch: a kernel launched with the programmatic-serialization attribute
 // may start before the kernel ahead of it in the stream has finished; it waits here, before its
@@ -107,14 +106,6 @@ __device__ __forceinline__ Partial block_partial(Partial v, Partial* scratch) {
   const Candidate hole{kNegInf, kNoId};
   v = lane < kThreads / 32 ? scratch[lane] : Partial{hole, hole, hole, 0, 0};
   return warp_partial(v);
-}
-
-// Upper bound of the Gumbel value a random word can give (exact math, see file comment):
-// with q = 2^23 - 1 - (word >> 9), 1 - u >= 2^(31 - clz(q) - 23), so G <= (clz(q) - 8) ln 2.
-// The margin covers the rounding of the computed G.
-__device__ __forceinline__ float gumbel_upper_bound(uint32_t word) {
-  const uint32_t q = 8388607u - (word >> 9);
-  return static_cast<float>(__clz(q) - 8) * kLn2 + 1e-3f;
 }
 
 // A raw-logit admission bound for the z-threshold `thr`: l < bound implies l / T < thr (IEEE

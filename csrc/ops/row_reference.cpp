@@ -211,7 +211,8 @@ int32_t sample_kept(const RowDistribution& d, const RowContext& ctx) {
   int32_t best = -1;
   float best_score = 0.0f;
   // gumbel_noise(seed, position, i) with one Philox call per group of 4 ids (kept ids of
-  // rows without top-k / top-p come in id order)
+  // rows without top-k / top-p come in id order); a token whose z plus its word's noise bound
+  // is below the best score cannot win (f_add is monotone), so its two logs are skipped
   Philox4 words{};
   uint32_t group = UINT32_MAX;
   for (size_t j = 0; j < d.kept.size(); ++j) {
@@ -220,7 +221,9 @@ int32_t sample_kept(const RowDistribution& d, const RowContext& ctx) {
       group = static_cast<uint32_t>(i) >> 2;
       words = random_words(seed, ctx.position, group, kStreamGumbel);
     }
-    const float score = f_add(d.kept_z[j], gumbel_from_word(words.v[i & 3]));
+    const uint32_t word = words.v[i & 3];
+    if (best >= 0 && f_add(d.kept_z[j], gumbel_upper_bound(word)) < best_score) continue;
+    const float score = f_add(d.kept_z[j], gumbel_from_word(word));
     if (best < 0 || ranks_before(score, i, best_score, best)) {
       best = i;
       best_score = score;

@@ -56,6 +56,15 @@ TS_HD float f_fma(float a, float b, float c) {
 #endif
 }
 
+// Leading zero bits of a word (32 for zero).
+TS_HD int leading_zeros(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __clz(static_cast<int>(bits));
+#else
+  return bits == 0u ? 32 : __builtin_clz(bits);
+#endif
+}
+
 // Index of the lowest set bit of a nonzero word.
 TS_HD int lowest_set_bit(uint32_t bits) {
 #if defined(__CUDA_ARCH__)

@@ -72,6 +72,16 @@ TS_HD float gumbel_from_word(uint32_t word) {
   return -portable_log(-portable_log(u));
 }
 
+// An upper bound of gumbel_from_word(word) from the word's leading bits alone, so a kernel can
+// skip the two logs of a token whose z plus this bound cannot reach the best score so far
+// (exact pruning). With q = 2^23 - 1 - (word >> 9), 1 - u >= 2^(31 - clz(q) - 23), so
+// G <= -ln(1 - u) <= (clz(q) - 8) ln 2; the margin covers the rounding of the computed G (every
+// one of the 2^23 values checked, sixteenth session).
+TS_HD float gumbel_upper_bound(uint32_t word) {
+  const uint32_t q = 8388607u - (word >> 9);
+  return static_cast<float>(leading_zeros(q) - 8) * 0.693147180559945f + 1e-3f;
+}
+
 // Gumbel noise for one token: what every kernel uses when it needs a single value.
 TS_HD float gumbel_noise(uint64_t seed, int64_t position, int32_t token, uint32_t stream) {
   const Philox4 w = random_words(seed, position, static_cast<uint32_t>(token) >> 2, stream);
