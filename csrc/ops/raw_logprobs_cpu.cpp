@@ -9,7 +9,6 @@
 
 #include "op_checks.h"
 #include "row_reference.h"
-#include "tokensampler/row_rules.h"
 
 namespace tokensampler::cpu {
 
@@ -28,19 +27,17 @@ void raw_logprobs(const at::Tensor& logits, const at::Tensor& tokens,
   const BitmaskRows masks = bitmask_rows(token_bitmask);
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const float* row = x.data_ptr<float>() + r * V;
-      const int32_t* allowed = masks.row(r);
       RowDistribution d;
-      d.raw.resize(V);
-      for (int32_t i = 0; i < V; ++i) d.raw[i] = read_logit(row[i], allowed, i);
+      d.raw = read_raw_row(x.data_ptr<float>() + r * V, masks.row(r), V);
+      const RawNormalizer norm = raw_log_normalizer(d);
       if (out_logprobs) {
         const int32_t token = tokens.data_ptr<int32_t>()[r];
         out_logprobs->data_ptr<float>()[r] = token >= 0 && token < V
-                                                 ? raw_logprob(d, token)
+                                                 ? raw_logprob(d, norm, token)
                                                  : std::numeric_limits<float>::quiet_NaN();
       }
       if (top_n > 0)
-        top_raw_logprobs(d, top_n, out_top_values->data_ptr<float>() + r * top_n,
+        top_raw_logprobs(d, norm, top_n, out_top_values->data_ptr<float>() + r * top_n,
                          out_top_ids->data_ptr<int64_t>() + r * top_n);
     }
   });

@@ -92,31 +92,13 @@ std::vector<int32_t> top_p_kept(const std::vector<float>& z, std::vector<int32_t
   return ids;
 }
 
-// The raw row's log-softmax as max m and log of sum exp(x - m): a logprob is (x - m) - log_sum,
-// never x - (m + log_sum), which loses log_sum next to a huge m (logits of 1e17).
-struct RawNormalizer {
-  float max;
-  double log_sum;  // unused when max is ±inf
-};
-
-RawNormalizer raw_log_normalizer(const RowDistribution& d) {
-  const float m = *std::max_element(d.raw.begin(), d.raw.end());
-  if (std::isinf(m)) return {m, 0.0};
-  double sum = 0.0;
-  for (float x : d.raw) sum += std::exp(double(x) - m);
-  return {m, std::log(sum)};
-}
-
-float raw_logprob_given(const RowDistribution& d, const RawNormalizer& norm, int32_t token) {
-  if (norm.max == kNegInf) return kNegInf;
-  if (norm.max == INFINITY) {
-    const auto n = std::count(d.raw.begin(), d.raw.end(), INFINITY);
-    return d.raw[token] == INFINITY ? -static_cast<float>(std::log(double(n))) : kNegInf;
-  }
-  return static_cast<float>((double(d.raw[token]) - norm.max) - norm.log_sum);
-}
-
 }  // namespace
+
+std::vector<float> read_raw_row(const float* logits, const int32_t* allowed, int32_t vocab) {
+  std::vector<float> raw(vocab);
+  for (int32_t i = 0; i < vocab; ++i) raw[i] = read_logit(logits[i], allowed, i);
+  return raw;
+}
 
 void penalize_row(float* l, const RowContext& ctx) {
   const SlotRow& s = ctx.slot;
@@ -132,8 +114,7 @@ void penalize_row(float* l, const RowContext& ctx) {
 RowDistribution filter_row(const float* logits, const RowContext& ctx) {
   RowDistribution d;
   const int32_t V = ctx.vocab;
-  d.raw.resize(V);
-  for (int32_t i = 0; i < V; ++i) d.raw[i] = read_logit(logits[i], ctx.allowed, i);
+  d.raw = read_raw_row(logits, ctx.allowed, V);
   d.processed = d.raw;
   if (ctx.apply_penalties) penalize_row(d.processed.data(), ctx);
   const std::vector<float>& l = d.processed;
@@ -253,8 +234,20 @@ std::vector<double> rejection_probabilities(const RowDistribution& d) {
   return p;
 }
 
-float raw_logprob(const RowDistribution& d, int32_t token) {
-  return raw_logprob_given(d, raw_log_normalizer(d), token);
+RawNormalizer raw_log_normalizer(const RowDistribution& d) {
+  const float m = *std::max_element(d.raw.begin(), d.raw.end());
+  if (m == INFINITY) return {m, 0.0, std::count(d.raw.begin(), d.raw.end(), INFINITY)};
+  if (m == kNegInf) return {m, 0.0, 0};
+  double sum = 0.0;
+  for (float x : d.raw) sum += std::exp(double(x) - m);
+  return {m, std::log(sum), 0};
+}
+
+float raw_logprob(const RowDistribution& d, const RawNormalizer& norm, int32_t token) {
+  if (norm.max == kNegInf) return kNegInf;
+  if (norm.max == INFINITY)
+    return d.raw[token] == INFINITY ? -static_cast<float>(std::log(double(norm.inf_count))) : kNegInf;
+  return static_cast<float>((double(d.raw[token]) - norm.max) - norm.log_sum);
 }
 
 float processed_logprob(const RowDistribution& d, int32_t token) {
@@ -266,14 +259,14 @@ float processed_logprob(const RowDistribution& d, int32_t token) {
   return kNegInf;
 }
 
-void top_raw_logprobs(const RowDistribution& d, int32_t n, float* values, int64_t* ids) {
+void top_raw_logprobs(const RowDistribution& d, const RawNormalizer& norm, int32_t n,
+                      float* values, int64_t* ids) {
   std::vector<int32_t> all(d.raw.size());
   std::iota(all.begin(), all.end(), 0);
   const std::vector<int32_t> top = ranked_prefix(d.raw, std::move(all), n);
-  const RawNormalizer norm = raw_log_normalizer(d);
   for (int32_t j = 0; j < n; ++j) {
     ids[j] = top[j];
-    values[j] = raw_logprob_given(d, norm, top[j]);
+    values[j] = raw_logprob(d, norm, top[j]);
   }
 }
 

@@ -32,6 +32,9 @@ struct RowDistribution {
   bool invalid = false;            // no finite and no +inf entry
 };
 
+// §3.0–3.1 for a row: the grammar bitmask (`allowed`, or null) and NaN -> -inf.
+std::vector<float> read_raw_row(const float* logits, const int32_t* allowed, int32_t vocab);
+
 // Steps 1–4 in place: NaN -> -inf, then repetition / frequency / presence penalties and bias
 // for the tokens of the slot's history, this row's drafts and the bias list.
 void penalize_row(float* l, const RowContext& ctx);
@@ -49,13 +52,25 @@ std::vector<double> kept_probabilities(const RowDistribution& dist);
 // top-p masses (row_rules.h), as the CUDA kernel computes them.
 std::vector<double> rejection_probabilities(const RowDistribution& dist);
 
+// §3.8: the raw row's log-softmax as its max m and the log of sum exp(x - m) (a logprob is
+// (x - m) - log_sum, never x - (m + log_sum), which loses log_sum next to a huge m: logits of
+// 1e17), and its +inf count (a row with +inf entries spreads its mass over them). Computed once
+// a row for every raw logprob of it.
+struct RawNormalizer {
+  float max;
+  double log_sum;     // unused when max is ±inf
+  int64_t inf_count;  // read when max is +inf
+};
+RawNormalizer raw_log_normalizer(const RowDistribution& dist);
+
 // §3.8: log-softmax of the raw logits at `token`.
-float raw_logprob(const RowDistribution& dist, int32_t token);
+float raw_logprob(const RowDistribution& dist, const RawNormalizer& norm, int32_t token);
 
 // §3.8 processed mode: log-probability of `token` under the kept distribution; 0 for greedy.
 float processed_logprob(const RowDistribution& dist, int32_t token);
 
 // The n largest raw log-softmax values and their ids, in rank order.
-void top_raw_logprobs(const RowDistribution& dist, int32_t n, float* values, int64_t* ids);
+void top_raw_logprobs(const RowDistribution& dist, const RawNormalizer& norm, int32_t n,
+                      float* values, int64_t* ids);
 
 }  // namespace tokensampler::cpu

@@ -92,12 +92,14 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
       const int32_t token = sample_kept(dist, ctx);
       out_tokens.data_ptr<int32_t>()[r] = token;
       out_invalid.data_ptr<bool>()[r] = dist.invalid;
+      const bool raw = (out_logprobs && logprobs_mode != 1) || top_n > 0;
+      const RawNormalizer norm = raw ? raw_log_normalizer(dist) : RawNormalizer{};
       if (out_logprobs) {
-        out_logprobs->data_ptr<float>()[r] =
-            logprobs_mode == 1 ? processed_logprob(dist, token) : raw_logprob(dist, token);
+        out_logprobs->data_ptr<float>()[r] = logprobs_mode == 1 ? processed_logprob(dist, token)
+                                                                : raw_logprob(dist, norm, token);
       }
       if (top_n > 0) {
-        top_raw_logprobs(dist, static_cast<int32_t>(top_n),
+        top_raw_logprobs(dist, norm, static_cast<int32_t>(top_n),
                          out_top_values->data_ptr<float>() + r * top_n,
                          out_top_ids->data_ptr<int64_t>() + r * top_n);
       }
