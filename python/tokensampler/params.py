@@ -27,9 +27,12 @@ _FIELD_RANGES = {
 
 def _fast_range(low, high, low_inc, high_inc) -> tuple[float, float]:
     """A closed interval inside the field's range whose floats float32 keeps inside it: a
-    float there needs none of _check_number's other tests."""
-    return (low if low_inc else (1e-30 if low == 0.0 else math.nextafter(low, math.inf)),
-            high if high_inc else (3e38 if high == math.inf else math.nextafter(high, -math.inf)))
+    float there needs none of _check_number's other tests. An excluded 0 or inf is kept clear
+    of (float32 rounds nothing in [1e-30, 3e38] to either); another excluded bound, which
+    float32 could round onto, gets no fast interval."""
+    fast_low = low if low_inc else 1e-30 if low == 0.0 else math.inf
+    fast_high = high if high_inc else 3e38 if high == math.inf else -math.inf
+    return fast_low, fast_high
 
 
 def _check_number(name: str, value, low, high, low_inc, high_inc) -> float:
