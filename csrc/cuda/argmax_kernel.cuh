@@ -9,7 +9,8 @@
 
 namespace tokensampler::cuda {
 
-// One block per row. Each thread scans a strided slice, then warps and the block reduce.
+// One block per row. Each thread scans its tokens four at a time (for_each_raw: one vector load
+// each), then warps and the block reduce.
 template <typename T, int kThreads>
 __global__ void argmax_rows_kernel(const T* __restrict__ logits, int64_t row_stride,
                                    BitmaskRows token_bitmask, int32_t vocab,
@@ -17,9 +18,8 @@ __global__ void argmax_rows_kernel(const T* __restrict__ logits, int64_t row_str
                                    bool* __restrict__ out_invalid) {
   const LogitsRow<T> row = logits_row(logits, row_stride, token_bitmask, blockIdx.x);
   Candidate best{kNegInf, vocab};
-  for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
-    best = best_of(best, Candidate{row.raw(i), i});
-  }
+  for_each_raw<kThreads>(row, 0, vocab,
+                         [&](int32_t i, float v) { best = best_of(best, Candidate{v, i}); });
   best = warp_best(best);
   __shared__ Candidate per_warp[kThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -10,7 +10,7 @@
 namespace tokensampler::cuda::histogram_cut {
 
 bool try_sample(const SampleRowsCall& c) {
-  if (c.want_top_n || (c.out_logprobs && c.logprobs_mode == 1) || c.logits.size(1) > kMaxVocab)
+  if ((c.out_logprobs && c.logprobs_mode == 1) || c.logits.size(1) > kMaxVocab)
     return false;
   // no_filter, min_p: no cut to find
   const bool histogram_rows = c.route != Route::kNoFilter && c.route != Route::kMinP;

@@ -56,6 +56,22 @@ __device__ __forceinline__ void load4(const LogitsRow<T, kMasked>& row, int32_t 
   for (int q = 0; q < 4; ++q) out[q] = i + q < end ? static_cast<float>(x[i + q]) : kNegInf;
 }
 
+// f(i, v) for the tokens i of [begin, end) this thread owns, v as raw(i) gives it: four
+// consecutive tokens per step of kThreads * 4, one 16- or 8-byte load each where aligned (begin
+// a multiple of 4).
+template <int kThreads, typename T, bool kMasked, typename F>
+__device__ __forceinline__ void for_each_raw(const LogitsRow<T, kMasked>& row, int32_t begin,
+                                             int32_t end, F&& f) {
+#pragma unroll 4
+  for (int32_t i = begin + 4 * static_cast<int32_t>(threadIdx.x); i < end; i += 4 * kThreads) {
+    float v[4];
+    load4(row, i, end, v);
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      if (i + q < end) f(i + q, read_logit(v[q], kMasked ? row.allowed : nullptr, i + q));
+  }
+}
+
 // §3.0 for the four tokens at i, in two steps so that a round issues every load (logits and
 // bitmask words) before its first use of one: mask_bits loads their allowed bits (all ones
 // without a bitmask or past `end`), apply_mask sets disallowed ones to -inf. i is a multiple of 4

@@ -1,57 +1,147 @@
-// DESIGN §3.8 raw logprobs of given tokens (the raw_logprobs op; CPU kernel in
-// ops/raw_logprobs_cpu.cpp), for code that samples without the sampling kernels: rejection
-// verify, the FlashInfer adapters. The arithmetic is the sampling kernels' (raw_logprob in
-// device_primitives.cuh) and the top-N the one-block sampling kernel's (row_top_n.cuh).
+// DESIGN §3.8 raw logprobs of given tokens and each row's top N, under the grammar bitmask (CPU
+// kernels: ops/raw_logprobs_cpu.cpp). The arithmetic is raw_logprob's (device_primitives.cuh);
+// the rank order is ranks_before (value descending, ties to the lower id; NaN and disallowed
+// tokens are -inf, so a row with fewer than N larger values goes on through its -inf ids in
+// order).
+//
+// Rows are cut into chunks, so a step of a few rows fills the GPU (one block a row read a
+// 152k-token row N + 1 times through one SM). The chunk kernel gives each chunk's raw
+// (max, sum-exp, +inf count) and the chunk's own top N: each of the row's top N is among its
+// chunk's top N, so the finish kernel's top N of the chunks' is the row's. A step of one chunk a
+// row runs the chunk kernel alone, and it writes the outputs.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include "device_primitives.cuh"
 #include "logits_row.cuh"
-#include "row_top_n.cuh"
+#include "raw_logprobs_launch.h"
 
-namespace tokensampler::cuda {
+namespace tokensampler::cuda::raw_logprobs {
 
-// One block per row: one read for the raw (max, sum-exp) of the finite values and the +inf
-// count, then one per top-N rank (for_each_top_raw).
-// A token outside [0, vocab) (a row that emitted none) gets NaN.
-template <typename T, int kThreads>
-__global__ void __launch_bounds__(kThreads)
-    raw_logprobs_kernel(const T* __restrict__ logits, int64_t row_stride, BitmaskRows token_bitmask,
-                        int32_t vocab, const int32_t* __restrict__ tokens,
-                        float* __restrict__ out_logprobs, float* __restrict__ out_top_values,
-                        int64_t* __restrict__ out_top_ids, int32_t top_n) {
-  __shared__ float red_m[kThreads / 32], red_s[kThreads / 32];
-  __shared__ Candidate scratch[kThreads / 32];
-  __shared__ int32_t inf_total;
-  const int64_t r = blockIdx.x;
-  const LogitsRow<T> x = logits_row(logits, row_stride, token_bitmask, r);
-  if (threadIdx.x == 0) inf_total = 0;
-  float m = kNegInf, s = 0.0f;
-  int32_t inf_count = 0;
-  for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
-    const float v = x.raw(i);
-    if (v == INFINITY) ++inf_count;
-    else add_to_lse(m, s, v);
-  }
-  __syncthreads();  // inf_total is zero
+constexpr int kThreads = 256;
+constexpr int kBlocksPerSm = 4;        // chunk blocks: one wave, as the sampling paths' chunks
+constexpr int32_t kMinChunk = 1024;    // tokens
+constexpr int32_t kMaxSplitTopN = 32;  // larger N: one chunk a row (no candidate scratch)
+constexpr int32_t kMergeCap = 4096;    // splits * N: the finish kernel's candidates (32 KiB)
+
+struct Smem {
+  float red_m[kThreads / 32];
+  float red_s[kThreads / 32];
+  Candidate scratch[kThreads / 32];
+  int32_t inf_total;
+};
+
+// Block-wide raw (max, sum-exp) and +inf count from each thread's; every thread gets them.
+// Once per kernel (inf_total is zeroed on entry).
+__device__ __forceinline__ void block_raw_stats(float& m, float& s, int32_t& inf_count, Smem& sm) {
+  if (threadIdx.x == 0) sm.inf_total = 0;
+  __syncthreads();
   inf_count = __reduce_add_sync(0xffffffffu, inf_count);
-  if ((threadIdx.x & 31) == 0 && inf_count > 0) atomicAdd(&inf_total, inf_count);
-  block_merge_lse<kThreads>(m, s, red_m, red_s);  // its barrier also publishes inf_total
-  inf_count = inf_total;
-
-  if (out_logprobs != nullptr && threadIdx.x == 0) {
-    const int32_t token = tokens[r];
-    out_logprobs[r] = token >= 0 && token < vocab ? raw_logprob(x.raw(token), inf_count, m, s)
-                                                  : __int_as_float(0x7fc00000);  // NaN
-  }
-  for_each_top_raw(
-      x, vocab, top_n, kThreads, [&](Candidate c) { return block_best<kThreads>(c, scratch); },
-      [&](int32_t n, Candidate best) {
-        if (threadIdx.x != 0) return;
-        out_top_ids[r * top_n + n] = best.id;
-        out_top_values[r * top_n + n] = raw_logprob(best.z, inf_count, m, s);
-      });
+  if ((threadIdx.x & 31) == 0 && inf_count > 0) atomicAdd(&sm.inf_total, inf_count);
+  block_merge_lse<kThreads>(m, s, sm.red_m, sm.red_s);  // its barrier publishes inf_total
+  inf_count = sm.inf_total;
 }
 
-}  // namespace tokensampler::cuda
+// The first n of `count` candidates get(j) in rank order: one block best per rank over those
+// ranked after the rank before. emit(rank, best) runs on every thread.
+template <typename Get, typename Emit>
+__device__ void for_each_top(int32_t count, int32_t n, Smem& sm, Get&& get, Emit&& emit) {
+  Candidate prev{0.0f, -1};
+  for (int32_t rank = 0; rank < n; ++rank) {
+    Candidate best{kNegInf, kNoId};
+#pragma unroll 4
+    for (int32_t j = threadIdx.x; j < count; j += kThreads) {
+      const Candidate c = get(j);
+      if (prev.id < 0 || before(prev, c)) best = best_of(best, c);
+    }
+    best = block_best<kThreads>(best, sm.scratch);
+    emit(rank, best);
+    prev = best;
+  }
+}
+
+// Row r's outputs from its raw stats and its top N (given by for_each_top over `count`
+// candidates get(j)).
+template <typename T, bool kMasked, typename Get>
+__device__ __forceinline__ void write_row(const Args& a, int64_t r, const LogitsRow<T, kMasked>& x,
+                                          float m, float s, int32_t inf_count, int32_t count,
+                                          Smem& sm, Get&& get) {
+  if (a.out_logprobs != nullptr && threadIdx.x == 0) {
+    const int32_t token = a.tokens[r];
+    a.out_logprobs[r] = token >= 0 && token < a.vocab ? raw_logprob(x.raw(token), inf_count, m, s)
+                                                      : __int_as_float(0x7fc00000);  // NaN
+  }
+  for_each_top(count, a.top_n, sm, get, [&](int32_t n, Candidate best) {
+    if (threadIdx.x != 0) return;
+    a.out_top_ids[r * a.top_n + n] = best.id < a.vocab ? best.id : 0;
+    a.out_top_values[r * a.top_n + n] = raw_logprob(best.z, inf_count, m, s);
+  });
+}
+
+// A row read nowhere (its slot outside the pool): the top N of a row with no finite logit.
+__device__ __forceinline__ void write_unreadable_top(const Args& a, int64_t r) {
+  for (int32_t n = threadIdx.x; n < a.top_n; n += kThreads) {
+    a.out_top_values[r * a.top_n + n] = kNegInf;
+    a.out_top_ids[r * a.top_n + n] = n;
+  }
+}
+
+// Block (r, split): chunk [split * chunk_len, + chunk_len) of row r.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) chunk_kernel(const T* __restrict__ logits, Args a) {
+  __shared__ Smem sm;
+  const int64_t r = blockIdx.x / a.splits;
+  const int32_t split = static_cast<int32_t>(blockIdx.x % a.splits);
+  if (!a.readable(r)) {
+    if (a.splits == 1) write_unreadable_top(a, r);
+    return;
+  }
+  const int32_t begin = split * a.chunk_len, end = min(a.vocab, begin + a.chunk_len);
+  const LogitsRow<T> x = logits_row(logits, a.row_stride, a.token_bitmask, r);
+  float m = kNegInf, s = 0.0f;
+  int32_t inf_count = 0;
+  for_each_raw<kThreads>(x, begin, end, [&](int32_t, float v) {
+    if (v == INFINITY) ++inf_count;
+    else add_to_lse(m, s, v);
+  });
+  block_raw_stats(m, s, inf_count, sm);
+  const auto get = [&](int32_t j) { return Candidate{x.raw(begin + j), begin + j}; };
+  if (a.splits == 1) {
+    write_row(a, r, x, m, s, inf_count, end - begin, sm, get);
+    return;
+  }
+  if (threadIdx.x == 0) a.partials[blockIdx.x] = Partial{m, s, inf_count, 0};
+  Candidate* top = a.chunk_top + int64_t{blockIdx.x} * a.top_n;
+  for_each_top(end - begin, a.top_n, sm, get, [&](int32_t n, Candidate best) {
+    if (threadIdx.x == 0) top[n] = best;
+  });
+}
+
+// Block r: merges row r's chunks. Dynamic shared memory: splits * top_n candidates.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) finish_kernel(const T* __restrict__ logits, Args a) {
+  __shared__ Smem sm;
+  extern __shared__ Candidate held[];
+  const int64_t r = blockIdx.x;
+  if (!a.readable(r)) {
+    write_unreadable_top(a, r);
+    return;
+  }
+  float m = kNegInf, s = 0.0f;
+  int32_t inf_count = 0;
+  const Partial* part = a.partials + r * a.splits;
+  for (int32_t j = threadIdx.x; j < a.splits; j += kThreads) {
+    const Partial p = part[j];
+    merge_lse(m, s, p.m, p.s);
+    inf_count += p.inf_count;
+  }
+  const int32_t count = a.splits * a.top_n;
+  const Candidate* src = a.chunk_top + r * count;
+  for (int32_t j = threadIdx.x; j < count; j += kThreads) held[j] = src[j];
+  block_raw_stats(m, s, inf_count, sm);  // its barriers also publish `held`
+  const LogitsRow<T> x = logits_row(logits, a.row_stride, a.token_bitmask, r);
+  write_row(a, r, x, m, s, inf_count, count, sm, [&](int32_t j) { return held[j]; });
+}
+
+}  // namespace tokensampler::cuda::raw_logprobs

@@ -6,8 +6,8 @@
 
 #include "../ops/op_checks.h"
 #include "dispatch_logits.cuh"
+#include "raw_logprobs_launch.h"
 #include "sample_kernel.cuh"
-#include "row_top_n.cuh"
 #include "sample_rows_paths.h"
 
 namespace tokensampler::cuda {
@@ -30,9 +30,6 @@ struct SampleArgs {
   int32_t* out_tokens;
   bool* out_invalid;
   float* out_logprobs;
-  float* out_top_values;
-  int64_t* out_top_ids;
-  int32_t top_n;
 };
 
 template <typename T>
@@ -43,8 +40,7 @@ __global__ void __launch_bounds__(kSampleThreads)
   const int64_t b = r / a.tokens_per_req, j = r % a.tokens_per_req;
   const int32_t slot = a.req_pool_indices[b];
   if (slot < 0 || slot >= a.pool_rows) {  // untrusted index: flag the row, read nothing
-    write_unreadable_row(r, a.out_tokens, a.out_invalid, a.out_logprobs, a.out_top_values,
-                         a.out_top_ids, a.top_n);
+    write_unreadable_row(r, a.out_tokens, a.out_invalid, a.out_logprobs, nullptr, nullptr, 0);
     return;
   }
   const LogitsRow<T> x = logits_row(logits, a.row_stride, a.token_bitmask, r);
@@ -52,7 +48,7 @@ __global__ void __launch_bounds__(kSampleThreads)
                                 a.layout, int64_t{a.valid_cache_lengths[slot]} + j,
                                 a.candidates ? a.candidates + b * a.tokens_per_req + 1 : nullptr,
                                 static_cast<int32_t>(j), a.vocab, a.apply_penalties);
-  const bool want_raw = (a.out_logprobs != nullptr && a.logprobs_mode != 1) || a.top_n > 0;
+  const bool want_raw = a.out_logprobs != nullptr && a.logprobs_mode != 1;
   const RowPlan p = plan_row(x, row, sm, want_raw);
   const bool want_processed = a.out_logprobs != nullptr && a.logprobs_mode == 1;
 
@@ -85,13 +81,32 @@ __global__ void __launch_bounds__(kSampleThreads)
       a.out_logprobs[r] = lp;
     }
   }
-  for_each_top_raw(
-      x, a.vocab, a.top_n, kSampleThreads, [&](Candidate c) { return block_best(c, sm); },
-      [&](int32_t n, Candidate best) {
-        if (threadIdx.x != 0) return;
-        a.out_top_ids[r * a.top_n + n] = best.id;
-        a.out_top_values[r * a.top_n + n] = raw_logprob_of(p, best.z);
-      });
+}
+
+// Every row of the call in one block: the rows the multi-block paths decline.
+void launch_one_block_per_row(const SampleRowsCall& c) {
+  SampleArgs a;
+  a.row_stride = c.logits.stride(0);
+  a.token_bitmask = bitmask_rows(c.token_bitmask);
+  a.vocab = static_cast<int32_t>(c.logits.size(1));
+  a.req_pool_indices = c.req_pool_indices.data_ptr<int32_t>();
+  a.valid_cache_lengths = c.valid_cache_lengths.data_ptr<int32_t>();
+  a.slot_table = c.slot_table.data_ptr<int32_t>();
+  a.pool_rows = c.slot_table.size(0);
+  a.layout = c.layout;
+  a.tokens_per_req = static_cast<int32_t>(c.tokens_per_req);
+  a.candidates = c.drafts ? c.drafts->data_ptr<int32_t>() : nullptr;
+  a.apply_penalties = c.apply_penalties;
+  a.logprobs_mode = static_cast<int32_t>(c.logprobs_mode);
+  a.out_tokens = c.out_tokens.data_ptr<int32_t>();
+  a.out_invalid = c.out_invalid.data_ptr<bool>();
+  a.out_logprobs = c.out_logprobs ? c.out_logprobs->data_ptr<float>() : nullptr;
+  dispatch_logits_dtype(c.logits.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    sample_rows_kernel<T><<<c.logits.size(0), kSampleThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        c.logits.data_ptr<T>(), a);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
 }
 
 void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
@@ -117,36 +132,22 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
   const SampleRowsCall call{logits, req_pool_indices, valid_cache_lengths, slot_table, layout,
                             tokens_per_req, candidates, apply_penalties, logprobs_mode,
                             static_cast<Route>(route), max_top_k,
-                            out_tokens, out_invalid, out_logprobs, top_n > 0, workspace,
-                            token_bitmask};
-  if (split_row::try_sample(call) || histogram_cut::try_sample(call)) return;
-  const auto stream = at::cuda::getCurrentCUDAStream();
-  SampleArgs a;
-  a.row_stride = logits.stride(0);
-  a.token_bitmask = bitmask_rows(token_bitmask);
-  a.vocab = static_cast<int32_t>(logits.size(1));
-  a.req_pool_indices = req_pool_indices.data_ptr<int32_t>();
-  a.valid_cache_lengths = valid_cache_lengths.data_ptr<int32_t>();
-  a.slot_table = slot_table.data_ptr<int32_t>();
-  a.pool_rows = slot_table.size(0);
-  a.layout = layout;
-  a.tokens_per_req = static_cast<int32_t>(tokens_per_req);
-  a.candidates = candidates ? candidates->data_ptr<int32_t>() : nullptr;
-  a.apply_penalties = apply_penalties;
-  a.logprobs_mode = static_cast<int32_t>(logprobs_mode);
-  a.out_tokens = out_tokens.data_ptr<int32_t>();
-  a.out_invalid = out_invalid.data_ptr<bool>();
-  a.out_logprobs = out_logprobs ? out_logprobs->data_ptr<float>() : nullptr;
-  a.out_top_values = top_n > 0 ? out_top_values->data_ptr<float>() : nullptr;
-  a.out_top_ids = top_n > 0 ? out_top_ids->data_ptr<int64_t>() : nullptr;
-  a.top_n = static_cast<int32_t>(top_n);
-  auto launch = [&](auto tag) {
-    using scalar_t = decltype(tag);
-    sample_rows_kernel<scalar_t><<<rows, kSampleThreads, 0, stream>>>(
-          logits.data_ptr<scalar_t>(), a);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  };
-  dispatch_logits_dtype(logits.scalar_type(), launch);
+                            out_tokens, out_invalid, out_logprobs, workspace, token_bitmask};
+  if (!split_row::try_sample(call) && !histogram_cut::try_sample(call))
+    launch_one_block_per_row(call);
+  if (top_n > 0) {  // §3.8's top-N raw logprobs: rows in chunks, after the sampling kernels
+    raw_logprobs::Args t{};
+    t.row_stride = logits.stride(0);
+    t.token_bitmask = bitmask_rows(token_bitmask);
+    t.vocab = static_cast<int32_t>(logits.size(1));
+    t.out_top_values = out_top_values->data_ptr<float>();
+    t.out_top_ids = out_top_ids->data_ptr<int64_t>();
+    t.top_n = static_cast<int32_t>(top_n);
+    t.req_pool_indices = req_pool_indices.data_ptr<int32_t>();
+    t.tokens_per_req = static_cast<int32_t>(tokens_per_req);
+    t.pool_rows = slot_table.size(0);
+    raw_logprobs::launch(logits, t, workspace);
+  }
 }
 
 }  // namespace

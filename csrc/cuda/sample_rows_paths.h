@@ -1,6 +1,7 @@
 // The multi-block paths of sample_rows. sample.cu tries them in order, then falls back to the
 // one-block-per-row kernel: split_row::try_sample (split_row_sample.cu), then
-// histogram_cut::try_sample (histogram_cut_sample.cu).
+// histogram_cut::try_sample (histogram_cut_sample.cu). None of them writes top-N logprobs:
+// sample.cu launches raw_logprobs' kernels for those after whichever sampled.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -28,20 +29,19 @@ struct SampleRowsCall {
   at::Tensor& out_tokens;
   at::Tensor& out_invalid;
   const std::optional<at::Tensor>& out_logprobs;
-  bool want_top_n;
   const std::optional<at::Tensor>& workspace;  // uint8, sample_rows_workspace_bytes(rows) or more
   const std::optional<at::Tensor>& token_bitmask;  // int32 [rows, ceil(V / 32)] (DESIGN §3.0)
 };
 
 namespace split_row {
-// Samples every row and returns true when the step has no top-N or processed logprobs and its
+// Samples every row and returns true when the step has no processed logprobs and its
 // route is no_filter, or top_k / top_k_top_p / top_k_top_p_min_p with k <= 512 (one read of each
 // row). Otherwise returns false and launches nothing.
 bool try_sample(const SampleRowsCall& call);
 }  // namespace split_row
 
 namespace histogram_cut {
-// Samples every row and returns true when the step has no top-N or processed logprobs (any
+// Samples every row and returns true when the step has no processed logprobs (any
 // route: top-p, min-p, mixed batches, top-k beyond the split-row path). Rows it cannot finish
 // exactly run the one-block-per-row kernel's code inside its finish kernel. Otherwise returns
 // false and launches nothing.

@@ -22,7 +22,7 @@ bool try_sample(const SampleRowsCall& c) {
   const int64_t max_top_k = c.max_top_k;
   const bool no_filter = c.route == Route::kNoFilter;
   const bool top_k_family = is_top_k_route(c.route);  // top_k, + top_p, + min_p
-  if (c.want_top_n || (c.out_logprobs && c.logprobs_mode == 1)) return false;
+  if (c.out_logprobs && c.logprobs_mode == 1) return false;
   if (!no_filter && !(top_k_family && max_top_k >= 1 && max_top_k <= kSplitRowMaxTopK)) return false;
 
   const int64_t rows = c.logits.size(0);

@@ -45,8 +45,8 @@ def raw_logprobs_at(logits: torch.Tensor, tokens: torch.Tensor, logprobs: torch.
                     token_bitmask: torch.Tensor | None = None) -> None:
     """Writes the raw logprob of each row's token (int32 [rows]; NaN for a token outside
     [0, V), a row that emitted none) into logprobs[:rows] and the rows' top-N (values, ids) into
-    top_values / top_ids[:rows], where given: the `raw_logprobs` op, one kernel that reads each
-    row once (and once per top-N rank) under the grammar bitmask, by the sampling kernels' rule."""
+    top_values / top_ids[:rows], where given: the `raw_logprobs` op, under the grammar bitmask,
+    by the sampling kernels' rule (on CUDA, rows cut into chunks whose top N are merged)."""
     if logprobs is None and top_values is None:
         return
     torch.ops.tokensampler.raw_logprobs(logits, tokens, logprobs, top_values, top_ids,

@@ -35,10 +35,11 @@ class GreedySamplingBackend(SamplingBackend):
             self._slot_length = torch.zeros(1, dtype=torch.int32, device=self.device)
 
     def _uses_kernel_workspace(self, config) -> bool:
-        # Only the split-row path reads it: raw logprobs without top-N (top-N and processed
-        # logprobs take the one-block kernel).
-        return (config.torch_device.type == "cuda" and config.enable_output_logprobs
-                and config.logprobs_mode == "raw" and config.top_logprobs_num == 0)
+        # Read by the split-row path (raw logprobs; processed ones take the one-block kernel)
+        # and by the top-N kernels.
+        return config.torch_device.type == "cuda" and (
+            config.top_logprobs_num > 0
+            or (config.enable_output_logprobs and config.logprobs_mode == "raw"))
 
     def _check_applicable(self, sp: SamplingParams, rid: str) -> None:
         # Penalties and bias change which token is the argmax, and this backend keeps no
