@@ -32,8 +32,10 @@ void launch(const at::Tensor& logits, Args a, const std::optional<at::Tensor>& w
     const int64_t partial_bytes = workspace_aligned(rows * a.splits * int64_t{sizeof(Partial)});
     const int64_t total = partial_bytes + rows * a.splits * a.top_n * int64_t{sizeof(Candidate)};
     // A workspace's sections end before its tickets (workspace.h), which stay untouched.
-    if (workspace && total <= ticket_offset(workspace_rows(workspace->numel()))) scratch = *workspace;
-    else scratch = at::empty({total}, logits.options().dtype(at::kByte));
+    if (workspace && total <= ticket_offset(workspace_rows(workspace->numel())))
+      scratch = *workspace;
+    else
+      scratch = at::empty({total}, logits.options().dtype(at::kByte));
     auto* p = static_cast<unsigned char*>(scratch.data_ptr());
     a.partials = reinterpret_cast<Partial*>(p);
     a.chunk_top = reinterpret_cast<Candidate*>(p + partial_bytes);

@@ -101,9 +101,10 @@ void launch_one_block_per_row(const SampleRowsCall& c) {
   a.out_tokens = c.out_tokens.data_ptr<int32_t>();
   a.out_invalid = c.out_invalid.data_ptr<bool>();
   a.out_logprobs = c.out_logprobs ? c.out_logprobs->data_ptr<float>() : nullptr;
+  const auto stream = at::cuda::getCurrentCUDAStream();
   dispatch_logits_dtype(c.logits.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
-    sample_rows_kernel<T><<<c.logits.size(0), kSampleThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+    sample_rows_kernel<T><<<c.logits.size(0), kSampleThreads, 0, stream>>>(
         c.logits.data_ptr<T>(), a);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
