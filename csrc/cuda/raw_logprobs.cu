@@ -10,6 +10,7 @@
 #include "../ops/op_checks.h"
 #include "dispatch_logits.cuh"
 #include "raw_logprobs_kernel.cuh"
+#include "split_row_launch.cuh"
 #include "workspace.h"
 
 namespace tokensampler::cuda {
@@ -18,15 +19,11 @@ namespace raw_logprobs {
 
 void launch(const at::Tensor& logits, Args a, const std::optional<at::Tensor>& workspace) {
   const int64_t rows = logits.size(0);
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  int64_t splits = 1;
-  if (a.top_n <= kMaxSplitTopN) {
-    splits = std::min<int64_t>({int64_t{kBlocksPerSm} * sms / rows, a.vocab / kMinChunk,
-                                kMergeCap / std::max(a.top_n, 1)});
-    splits = std::max<int64_t>(splits, 1);
-  }
-  a.chunk_len = static_cast<int32_t>((a.vocab + splits - 1) / splits + 3) / 4 * 4;
-  a.splits = static_cast<int32_t>((a.vocab + a.chunk_len - 1) / a.chunk_len);
+  // The sampling paths' chunks; splits * N candidates fit the finish kernel's shared memory.
+  const split_row::ChunkGeometry g = split_row::chunk_geometry(
+      a.vocab, rows, a.top_n <= kMaxSplitTopN ? kMergeCap / std::max(a.top_n, 1) : 1);
+  a.splits = g.splits;
+  a.chunk_len = g.chunk_len;
   at::Tensor scratch;
   if (a.splits > 1) {
     const int64_t partial_bytes = workspace_aligned(rows * a.splits * int64_t{sizeof(Partial)});

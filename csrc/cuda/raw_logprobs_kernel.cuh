@@ -20,8 +20,6 @@
 namespace tokensampler::cuda::raw_logprobs {
 
 constexpr int kThreads = 256;
-constexpr int kBlocksPerSm = 4;        // chunk blocks: one wave, as the sampling paths' chunks
-constexpr int32_t kMinChunk = 1024;    // tokens
 constexpr int32_t kMaxSplitTopN = 32;  // larger N: one chunk a row (no candidate scratch)
 constexpr int32_t kMergeCap = 4096;    // splits * N: the finish kernel's candidates (32 KiB)
 

@@ -41,25 +41,36 @@ inline Args common_args(const SampleRowsCall& c) {
   return a;
 }
 
-// Cuts each row into a.splits chunks of a.chunk_len tokens: at most one wave of blocks (the
-// chunk kernels' kChunkBlocksPerSm resident blocks per SM; A/B on the H200, RESULTS.md run 41:
-// one wave beat two by 0-29 % at every route and batch size, fewer chunks paying their start
-// (the first group's exact scores, the buffer setup) and their reductions fewer times), at most
-// max_splits, chunks of at least 1024 tokens (and at most max_chunk_len, a multiple of 4)
-// starting 16-byte aligned. TOKENSAMPLER_CHUNK_BLOCKS_PER_SM overrides kChunkBlocksPerSm
-// (benchmarks compare waves).
-inline void set_chunks(Args& a, int64_t rows, int64_t max_splits,
-                       int32_t max_chunk_len = INT32_MAX - 3) {
+struct ChunkGeometry {
+  int32_t splits;
+  int32_t chunk_len;
+};
+
+// Cuts rows of `vocab` tokens into `splits` chunks of `chunk_len` tokens: at most one wave of
+// blocks (the chunk kernels' kChunkBlocksPerSm resident blocks per SM; A/B on the H200,
+// RESULTS.md run 41: one wave beat two by 0-29 % at every route and batch size, fewer chunks
+// paying their start (the first group's exact scores, the buffer setup) and their reductions
+// fewer times), at most max_splits, chunks of at least 1024 tokens (and at most max_chunk_len, a
+// multiple of 4) starting 16-byte aligned. TOKENSAMPLER_CHUNK_BLOCKS_PER_SM overrides
+// kChunkBlocksPerSm (benchmarks compare waves). Shared by the sampling paths and raw_logprobs.
+inline ChunkGeometry chunk_geometry(int32_t vocab, int64_t rows, int64_t max_splits,
+                                    int32_t max_chunk_len = INT32_MAX - 3) {
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const char* v = std::getenv("TOKENSAMPLER_CHUNK_BLOCKS_PER_SM");
   const int blocks_per_sm = v != nullptr ? std::max(1, std::atoi(v)) : kChunkBlocksPerSm;
   int64_t splits = std::max<int64_t>(1, blocks_per_sm * sms / rows);
-  splits = std::min<int64_t>({splits, max_splits, std::max<int64_t>(1, a.vocab / 1024)});
-  splits = std::max<int64_t>(splits, (a.vocab + max_chunk_len - 1) / max_chunk_len);
-  int32_t chunk_len = static_cast<int32_t>((a.vocab + splits - 1) / splits);
+  splits = std::min<int64_t>({splits, max_splits, std::max<int64_t>(1, vocab / 1024)});
+  splits = std::max<int64_t>(splits, (vocab + max_chunk_len - 1) / max_chunk_len);
+  int32_t chunk_len = static_cast<int32_t>((vocab + splits - 1) / splits);
   chunk_len = (chunk_len + 3) / 4 * 4;
-  a.chunk_len = chunk_len;
-  a.splits = static_cast<int32_t>((a.vocab + chunk_len - 1) / chunk_len);
+  return {static_cast<int32_t>((vocab + chunk_len - 1) / chunk_len), chunk_len};
+}
+
+inline void set_chunks(Args& a, int64_t rows, int64_t max_splits,
+                       int32_t max_chunk_len = INT32_MAX - 3) {
+  const ChunkGeometry g = chunk_geometry(a.vocab, rows, max_splits, max_chunk_len);
+  a.splits = g.splits;
+  a.chunk_len = g.chunk_len;
 }
 
 // Consecutive sections of the given byte sizes, each workspace-aligned: carved from the call's
