@@ -90,13 +90,18 @@ def verify_rejection_cases(device):
     draft = torch.softmax(torch.randn(bs, n - 1, V, generator=torch.Generator().manual_seed(3)), -1)
     candidates = torch.cat([torch.zeros(bs, 1, dtype=torch.int32),
                             draft.argmax(-1).to(torch.int32)], 1).contiguous()
-    for requires_grad in (False, True):
+    workspace = torch.zeros(_C.sample_rows_workspace_bytes(bs * n), dtype=torch.uint8,
+                            device=device)
+    # the one-block walker alone, then the split-row verdicts (a top-k route, with a workspace)
+    for requires_grad, route, max_top_k, ws in ((False, _C.Route.GENERIC, 0, None),
+                                                (True, _C.Route.GENERIC, 0, None),
+                                                (False, _C.Route.TOP_K_TOP_P, 5, workspace)):
         yield (_logits(bs * n, device, requires_grad=requires_grad), _int32([1, 2, 3, 4], device),
                _int32([0, 5, 9, 2, 30], device), table, mgr.history_capacity, mgr.bias_capacity,
                candidates.to(device), draft.to(device).requires_grad_(requires_grad), True,
-               int(_C.Route.GENERIC), 0, torch.empty(bs * n, dtype=torch.int32, device=device),
+               int(route), max_top_k, torch.empty(bs * n, dtype=torch.int32, device=device),
                torch.empty(bs, dtype=torch.int32, device=device),
-               torch.empty(bs * n, dtype=torch.bool, device=device))
+               torch.empty(bs * n, dtype=torch.bool, device=device), None, ws)
 
 
 def penalize_logits_cases(device):
@@ -210,6 +215,7 @@ def _bad_variants():
     yield "verify_rejection", "more candidates than logits rows", r[:6] + [
         torch.cat([r[6], r[6]])] + r[7:]
     yield "verify_rejection", "route out of range", r[:9] + [-1] + r[10:]
+    yield "verify_rejection", "short workspace", r[:15] + [torch.zeros(1024, dtype=torch.uint8)]
     h = list(next(append_history_cases("cpu")))
     narrow = _C.SLOT_COLUMNS["history_len"] + 1  # narrower than the scalars alone
     yield "append_history", "table width", [h[0][:, :narrow].contiguous()] + h[1:]

@@ -1,6 +1,6 @@
 // The one set of device primitives every CUDA path uses (split_row, histogram_cut, sample,
 // verify, argmax, raw_logprobs): the (value, id) candidate and its rank order, the warp / block
-// best of it, order-preserving keys of z, warp-aggregated appends, the online log-sum-exp merge
+// best of it, block sums, order-preserving keys of z, warp-aggregated appends, the online log-sum-exp merge
 // and the raw logprob it gives.
 #pragma once
 
@@ -44,6 +44,22 @@ __device__ __forceinline__ Candidate block_best(Candidate c, Candidate* scratch)
   __syncthreads();
   c = lane < kThreads / 32 ? scratch[lane] : Candidate{kNegInf, kNoId};
   return warp_best(c);
+}
+
+// Block-wide sum of an integer or double (exact for integers in any order); every thread gets
+// it. `scratch` holds one value per warp.
+template <int kThreads, typename V>
+__device__ __forceinline__ V block_sum(V v, V* scratch) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) scratch[w] = v;
+  __syncthreads();
+  V r = lane < kThreads / 32 ? scratch[lane] : V{0};
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+  return r;
 }
 
 // Order-preserving key of z: a larger key ranks earlier; -0 and +0 share a key; 0 is below every

@@ -65,21 +65,6 @@ __device__ __forceinline__ Candidate block_best(Candidate c, SampleSmem& sm) {
   return warp_best(Candidate{sm.red_f[lane], sm.red_i[lane]});
 }
 
-// Block-wide sum; `red` holds one value per warp (sm.red_i, sm.red_d or sm.red_u).
-template <typename V>
-__device__ __forceinline__ V block_sum(V v, V* red) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __syncthreads();
-  if (lane == 0) red[w] = v;
-  __syncthreads();
-  V r = red[lane];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
-  return r;
-}
-
 // Block-wide (max, sum-exp); every thread gets it. A butterfly over the warps' values, not
 // block_merge_lse's pass in warp order: another merge order, so the sum may differ in its last bits.
 __device__ __forceinline__ void block_ms(float& m, float& s, SampleSmem& sm) {
@@ -395,9 +380,9 @@ __device__ RowPlan plan_row(const LogitsRow<T>& x, const RowInput& row, SampleSm
     }
   }
   best = block_best(best, sm);
-  n_inf = block_sum(n_inf, sm.red_i);
+  n_inf = block_sum<kSampleThreads>(n_inf, sm.red_i);
   if (want_raw) {
-    raw_inf = block_sum(raw_inf, sm.red_i);
+    raw_inf = block_sum<kSampleThreads>(raw_inf, sm.red_i);
     block_ms(rm, rs, sm);
     p.raw_max = rm;
     p.raw_sum = rs;
@@ -478,7 +463,7 @@ __device__ Candidate kept_sample(const LogitsRow<T>& x, const RowInput& row, con
     }
   }
   best = block_best(best, sm);
-  if (want_total) *total_out = block_sum(total, sm.red_d);
+  if (want_total) *total_out = block_sum<kSampleThreads>(total, sm.red_d);
   if (best.id >= V) best.id = 0;
   return best;
 }

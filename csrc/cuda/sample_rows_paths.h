@@ -1,6 +1,7 @@
 // The multi-block paths of sample_rows. sample.cu tries them in order, then falls back to the
 // one-block-per-row kernel: split_row::try_sample (split_row_sample.cu), then
-// histogram_cut::try_sample (histogram_cut_sample.cu). None of them writes top-N logprobs:
+// histogram_cut::try_sample (histogram_cut_sample.cu). verify.cu tries
+// split_row::try_verify_rejection. None of them writes top-N logprobs:
 // sample.cu launches raw_logprobs' kernels for those after whichever sampled.
 #pragma once
 
@@ -38,6 +39,11 @@ namespace split_row {
 // route is no_filter, or top_k / top_k_top_p / top_k_top_p_min_p with k <= 512 (one read of each
 // row). Otherwise returns false and launches nothing.
 bool try_sample(const SampleRowsCall& call);
+// Rejection-sampling verify (DESIGN §4) of top-k steps with k <= 512: every row of the call
+// (call.drafts the candidates [bs, tokens_per_req], draft_probs float32 [bs, tokens_per_req - 1,
+// V] contiguous) judged at once, its verdict (rejection_verdict.cuh) in call.out_tokens for
+// verify.cu's walker. Returns false, launching nothing, for other steps.
+bool try_verify_rejection(const SampleRowsCall& call, const at::Tensor& draft_probs);
 }  // namespace split_row
 
 namespace histogram_cut {

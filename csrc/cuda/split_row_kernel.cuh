@@ -20,7 +20,9 @@
 // (bitonic, <= 512 entries) only when top-p or +inf logits need the rank order; top-p over
 // integer masses scanned in rank order (row_rules.h, as the CPU reference), min-p, and
 // Gumbel-max over the kept candidates. Every score is computed with the helpers of the CPU
-// kernels, so tokens are identical.
+// kernels, so tokens are identical. In rejection-sampling verify (try_verify_rejection) the
+// finisher also judges the row's draft over the kept set it holds (rejection_verdict.cuh) and
+// writes the verdict for verify.cu's walker, which runs the rows it leaves undecided.
 // Two launches of it (split_row_sample.cu picks by the step's rows; kMasked by whether the step
 // has a grammar bitmask, so steps without one run no bitmask code):
 //   - single launch, small steps: chunk_kernel<T, true, kMasked>. Each block, after writing its
@@ -36,12 +38,14 @@
 #include <cuda_runtime.h>
 
 #include <cfloat>
+#include <climits>
 
 #include "block_select.cuh"
 #include "device_primitives.cuh"
 #include "logits_row.cuh"
 #include "mass_scan.cuh"
 #include "penalty_lookup.cuh"
+#include "rejection_verdict.cuh"
 #include "row_outputs.cuh"
 #include "tokensampler/rng.h"
 #include "tokensampler/route.h"
@@ -183,6 +187,11 @@ struct Args {
   // Single launch only: one ticket per row, zero before the launch and zero again after it (the
   // row's finishing block resets its own), so CUDA-graph replays find them zero. See workspace.h.
   uint32_t* tickets;
+  // Rejection-sampling verify (try_verify_rejection), else null: the draft probabilities
+  // [bs, tokens_per_req - 1, V] (float32) and the drafts [bs, tokens_per_req]. out_tokens then
+  // takes each row's verdict (rejection_verdict.cuh) for verify.cu's walker.
+  const float* draft_probs;
+  const int32_t* drafts;
   int32_t* out_tokens;
   bool* out_invalid;
   float* out_logprobs;
@@ -223,6 +232,23 @@ __device__ __forceinline__ RowParams row_params(const Args& a, int64_t r) {
   p.greedy = is_greedy_row(p.temperature, p.top_k);
   p.top_k_on = !top_k_disabled(p.top_k, a.vocab);
   return p;
+}
+
+constexpr int32_t kNoDraft = -1;
+constexpr int32_t kVerdictNone = INT32_MIN;  // finish_row: not set, the row's token stands
+
+// Row r's draft to judge (the request's next candidate), or kNoDraft: a sampling step, the
+// request's last (bonus) row, or a draft that is not a token (rejected: the row's target stands).
+__device__ __forceinline__ int32_t draft_of(const Args& a, int64_t r, const RowParams& p) {
+  if (a.draft_probs == nullptr || p.row_in_req + 1 >= a.tokens_per_req) return kNoDraft;
+  const int32_t d = a.drafts[r + 1];
+  return d >= 0 && d < a.vocab ? d : kNoDraft;
+}
+
+// The draft model's probabilities for row r (a row with a draft).
+__device__ __forceinline__ const float* draft_row(const Args& a, int64_t r, const RowParams& p) {
+  const int64_t b = r / a.tokens_per_req;
+  return a.draft_probs + (b * (a.tokens_per_req - 1) + p.row_in_req) * int64_t{a.vocab};
 }
 
 __device__ __forceinline__ PenaltySource penalty_source(const Args& a, const RowParams& p, int64_t r) {
@@ -397,15 +423,15 @@ struct RankedMasses {
   }
 };
 
-// Gumbel-max over the first m (<= kMaxM) candidates of buf, in rank order (sorted when z_max is
-// +inf or top-p is on): rows with a +inf processed logit (inf_row) sample uniformly among their
-// +inf tokens (top-p keeps the first ceil(p * m_inf)); otherwise top-p over integer masses (as the
-// CPU reference), then min-p (a z past fp32's range is +-FLT_MAX, scaled_group: finish_row
-// breaks its ties with a z of exactly +-FLT_MAX). `scan_storage` holds kMaxM 8-byte words.
+// The kept set of the first m (<= kMaxM) candidates of buf, in rank order (sorted when z_max is
+// +inf or top-p is on): rows with a +inf processed logit (inf_row) keep their +inf tokens (top-p
+// the first ceil(p * m_inf)); otherwise top-p over integer masses (as the CPU reference), then
+// min-p (a z past fp32's range is +-FLT_MAX, scaled_group: finish_row breaks its ties with a z of
+// exactly +-FLT_MAX). `scan_storage` holds kMaxM 8-byte words.
 template <int kThreads, int kMaxM>
-__device__ int32_t sample_ranked_prefix(const Candidate* buf, int m, const RowParams& p, float z_max,
-                                        bool inf_row, unsigned long long* scan_storage,
-                                        int32_t* keep_count, Candidate* scratch) {
+__device__ KeptSet ranked_kept_set(const Candidate* buf, int m, const RowParams& p, float z_max,
+                                   bool inf_row, unsigned long long* scan_storage,
+                                   int32_t* keep_count) {
   constexpr int kPer = (kMaxM + kThreads - 1) / kThreads;
   using Masses = RankedMasses<kThreads, kPer>;
   static_assert(sizeof(typename Masses::Scan::TempStorage) <= kMaxM * sizeof(unsigned long long));
@@ -416,10 +442,7 @@ __device__ int32_t sample_ranked_prefix(const Candidate* buf, int m, const RowPa
       *keep_count = inf_row_top_p_count(p.top_p, m_inf);
     }
     __syncthreads();
-    Candidate c{kNegInf, kNoId};
-    for (int j = threadIdx.x; j < *keep_count; j += kThreads)
-      c = best_of(c, Candidate{gumbel_noise(p.seed, p.position, buf[j].id, kStreamGumbel), buf[j].id});
-    return block_best<kThreads>(c, scratch).id;
+    return KeptSet{buf, *keep_count, kNegInf, 0.0f, true};
   }
   int keep = m;
   if (p.top_p < 1.0f) {
@@ -427,12 +450,18 @@ __device__ int32_t sample_ranked_prefix(const Candidate* buf, int m, const RowPa
                         *reinterpret_cast<typename Masses::Scan::TempStorage*>(scan_storage));
     keep = max(masses.kept(m, 0ull, top_p_limit(p.top_p, masses.total)), 1);
   }
-  const float cut = min_p_threshold(z_max, p.min_p);
+  return KeptSet{buf, keep, min_p_threshold(z_max, p.min_p), z_max, false};
+}
+
+// Gumbel-max over a kept set (a +inf row's tokens all score their noise alone).
+template <int kThreads>
+__device__ int32_t sample_kept_set(const KeptSet& kept, const RowParams& p, Candidate* scratch) {
   Candidate c{kNegInf, kNoId};
-  for (int j = threadIdx.x; j < keep; j += kThreads) {
-    if (buf[j].z < cut) continue;
-    const float score = f_add(buf[j].z, gumbel_noise(p.seed, p.position, buf[j].id, kStreamGumbel));
-    c = best_of(c, Candidate{score, buf[j].id});
+  for (int j = threadIdx.x; j < kept.count; j += kThreads) {
+    if (!kept.has(j)) continue;
+    const int32_t id = kept.buf[j].id;
+    const float g = gumbel_noise(p.seed, p.position, id, kStreamGumbel);
+    c = best_of(c, Candidate{kept.inf_row ? g : f_add(kept.buf[j].z, g), id});
   }
   return block_best<kThreads>(c, scratch).id;
 }
@@ -453,9 +482,9 @@ struct FinishSmem {
 
 // Finishes row r (valid slot) from its chunks' results, with all kThreads threads of the block:
 // argmax / best score, or the exact top-k of the chunks' candidates, sorted (bitonic, <= 512
-// entries) only when top-p or +inf logits need the rank order; then sample_ranked_prefix. Writes
-// the row's token, invalid flag and raw logprob. Chunk results are read through L2 (another
-// block of the same grid may have written them).
+// entries) only when top-p or +inf logits need the rank order; then its kept set and Gumbel-max
+// over it. Writes the row's token (a verify row's verdict), invalid flag and raw logprob. Chunk
+// results are read through L2 (another block of the same grid may have written them).
 template <int kThreads, typename T>
 __device__ __forceinline__ void finish_row(const T* __restrict__ logits, const Args& a, int64_t r,
                                            const RowParams& p, const FinishSmem& sm) {
@@ -482,14 +511,18 @@ __device__ __forceinline__ void finish_row(const T* __restrict__ logits, const A
   if (a.want_raw) block_merge_lse<kThreads>(raw_m, raw_s, sm.red_m, sm.red_s);
 
   const bool invalid = argmax.z == kNegInf;
-  int32_t token = 0;
+  // Verify rows of rejection sampling with a draft to judge: out_tokens takes their verdict.
+  const int32_t draft = invalid ? kNoDraft : draft_of(a, r, p);
+  int32_t token = 0, verdict = kVerdictNone;
   if (invalid) {
     token = 0;
   } else if (p.greedy) {
     token = argmax.id;
+    if (draft != kNoDraft) verdict = greedy_verdict(token, draft, draft_row(a, r, p), p.seed, p.position);
   } else if (!p.top_k_on || a.k_cap == 0) {  // k_cap 0: a step whose route has no top-k (the
     // chunks scored every row without it); a processed +inf (inf_best) wins over any score
     token = inf_best.id != kNoId ? inf_best.id : best.id;
+    if (draft != kNoDraft) verdict = kVerdictUndecided;  // its kept set is not in the buffer
   } else {
     // The chunks' k_cap slots each (holes past a chunk's real candidates), then the row's exact
     // top-k set (m candidates) at buf[0, m).
@@ -509,20 +542,25 @@ __device__ __forceinline__ void finish_row(const T* __restrict__ logits, const A
       __syncthreads();
       bitonic_sort<kThreads>(sm.buf, n);
     }
-    token = sample_ranked_prefix<kThreads, kSplitRowMaxTopK>(sm.buf, m, p, z_max,
-                                                             argmax.z == INFINITY, sm.scan_storage,
-                                                             sm.keep_count, sm.scratch);
+    const KeptSet kept_set = ranked_kept_set<kThreads, kSplitRowMaxTopK>(
+        sm.buf, m, p, z_max, argmax.z == INFINITY, sm.scan_storage, sm.keep_count);
+    token = sample_kept_set<kThreads>(kept_set, p, sm.scratch);
     if (fabsf(z_max) == FLT_MAX) {
       // Ties at +-FLT_MAX (scaled_group): as on the CPU, a z past +FLT_MAX (+inf there) wins
       // over every other token, and at -FLT_MAX a z of exactly -FLT_MAX over one past it (-inf
-      // there); each kind's lowest id wins (DESIGN §5).
+      // there); each kind's lowest id wins (DESIGN §5). Verify rows leave these to the walker.
       const int32_t edge = z_max > 0.0f ? past_max_id : at_lowest_id;
       const int32_t lowest = block_best<kThreads>(Candidate{0.0f, edge}, sm.scratch).id;
       if (lowest != kNoId) token = lowest;
+      if (draft != kNoDraft) verdict = kVerdictUndecided;
+    } else if (draft != kNoDraft) {
+      verdict = rejection_verdict<kThreads>(kept_set, draft, draft_row(a, r, p), p.seed,
+                                            p.position, token, sm.scan_storage, sm.scratch);
     }
   }
+  if (verdict == kVerdictNone) verdict = token;
   if (threadIdx.x == 0) {
-    a.out_tokens[r] = token;
+    a.out_tokens[r] = verdict;
     a.out_invalid[r] = invalid;
     if (a.out_logprobs != nullptr) {
       a.out_logprobs[r] = raw_logprob(a.row_of(logits, r).raw(token), inf_count, raw_m, raw_s);

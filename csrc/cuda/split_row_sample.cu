@@ -18,15 +18,16 @@ static int64_t fused_max_rows() {
   return v == nullptr ? kFusedMaxRows : std::strtoll(v, nullptr, 10);
 }
 
-bool try_sample(const SampleRowsCall& c) {
-  const int64_t max_top_k = c.max_top_k;
-  const bool no_filter = c.route == Route::kNoFilter;
-  const bool top_k_family = is_top_k_route(c.route);  // top_k, + top_p, + min_p
-  if (c.out_logprobs && c.logprobs_mode == 1) return false;
-  if (!no_filter && !(top_k_family && max_top_k >= 1 && max_top_k <= kSplitRowMaxTopK)) return false;
+// Whether the call's route is one the split-row kernels finish from their top-k candidates.
+static bool top_k_step(const SampleRowsCall& c) {
+  return is_top_k_route(c.route) && c.max_top_k >= 1 && c.max_top_k <= kSplitRowMaxTopK;
+}
 
+// Launches the split-row kernels over the call's rows, with the call's arguments in `a`.
+static void launch_rows(const SampleRowsCall& c, Args a) {
+  const int64_t max_top_k = c.max_top_k;
+  const bool top_k_family = is_top_k_route(c.route);  // top_k, + top_p, + min_p
   const int64_t rows = c.logits.size(0);
-  Args a = common_args(c);
   int k_cap = 0;
   if (top_k_family) {
     k_cap = 1;
@@ -72,6 +73,21 @@ bool try_sample(const SampleRowsCall& c) {
     if (!fused) launch(finish_kernel<T>, rows, kFinishThreads, 0, pdl, x, a);
   };
   dispatch_logits_dtype(c.logits.scalar_type(), run);
+}
+
+bool try_sample(const SampleRowsCall& c) {
+  if (c.out_logprobs && c.logprobs_mode == 1) return false;
+  if (c.route != Route::kNoFilter && !top_k_step(c)) return false;
+  launch_rows(c, common_args(c));
+  return true;
+}
+
+bool try_verify_rejection(const SampleRowsCall& c, const at::Tensor& draft_probs) {
+  if (!top_k_step(c)) return false;
+  Args a = common_args(c);
+  a.draft_probs = draft_probs.data_ptr<float>();
+  a.drafts = c.drafts->data_ptr<int32_t>();
+  launch_rows(c, a);
   return true;
 }
 

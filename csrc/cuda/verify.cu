@@ -6,7 +6,9 @@
 
 #include "../ops/op_checks.h"
 #include "dispatch_logits.cuh"
+#include "rejection_verdict.cuh"
 #include "sample_kernel.cuh"
+#include "sample_rows_paths.h"
 
 namespace tokensampler::cuda {
 
@@ -136,6 +138,7 @@ struct RejectionArgs {
   const int32_t* candidates;
   const float* draft_probs;  // [bs, n-1, V] float32 contiguous
   bool apply_penalties;
+  bool judged;  // out_predict holds the split-row finisher's verdicts
   int32_t* out_predict;
   int32_t* out_accept;
   bool* out_invalid;
@@ -152,10 +155,13 @@ __device__ unsigned long long kept_mass(const LogitsRow<T>& x, const RowInput& r
     const float l = p.kind == kRowGreedy ? 0.0f : load_processed(x, row, sm, i);
     if (kept_z(p, row, i, l, z)) total += top_p_mass(z, p.z_max);
   }
-  return block_sum(total, sm.red_u);
+  return block_sum<kSampleThreads>(total, sm.red_u);
 }
 
-// One block per request; its rows run in order until a draft is rejected.
+// The chain walk, one block per request: its rows in order until a draft is rejected. A row the
+// split-row finisher judged (a.judged: its verdict waits in out_predict, rejection_verdict.cuh)
+// costs a read; any other row runs here, the whole block on it: plan_row's passes, the kept
+// mass, the draft's decision and the residual draw.
 template <typename T>
 __global__ void __launch_bounds__(kSampleThreads)
     verify_rejection_kernel(const T* __restrict__ logits, RejectionArgs a) {
@@ -165,15 +171,13 @@ __global__ void __launch_bounds__(kSampleThreads)
   const int32_t n = a.n, V = a.vocab;
   int32_t* predict = a.out_predict + b * n;
   bool* invalid = a.out_invalid + b * n;
-  for (int32_t k = threadIdx.x; k < n; k += kSampleThreads) predict[k] = -1;
   const int32_t slot = a.req_pool_indices[b];
   if (slot < 0 || slot >= a.pool_rows) {
-    for (int32_t k = threadIdx.x; k < n; k += kSampleThreads) invalid[k] = true;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      predict[0] = 0;
-      a.out_accept[b] = 1;
+    for (int32_t k = threadIdx.x; k < n; k += kSampleThreads) {
+      invalid[k] = true;
+      predict[k] = k == 0 ? 0 : -1;
     }
+    if (threadIdx.x == 0) a.out_accept[b] = 1;
     return;
   }
   const int32_t* words = a.slot_table + a.layout.row_offset(slot);
@@ -181,6 +185,15 @@ __global__ void __launch_bounds__(kSampleThreads)
   const int32_t* cand = a.candidates + b * n;
   int32_t j = 0;
   for (; j < n; ++j) {
+    if (a.judged) {
+      const int32_t verdict = predict[j];
+      __syncthreads();  // every thread has read it before it is replaced
+      if (verdict == kVerdictAccept) {
+        if (threadIdx.x == 0) predict[j] = cand[j + 1];
+        continue;
+      }
+      if (verdict != kVerdictUndecided) break;  // the token the request stops at
+    }
     const LogitsRow<T> x =
         logits_row(logits, a.row_stride, a.token_bitmask, b * n + j);
     const RowInput row = make_row(words, a.layout, t + j, cand + 1, j, V, a.apply_penalties);
@@ -237,7 +250,10 @@ __global__ void __launch_bounds__(kSampleThreads)
     break;
   }
   __syncthreads();
-  for (int32_t k = j + 1 + threadIdx.x; k < n; k += kSampleThreads) invalid[k] = false;
+  for (int32_t k = j + 1 + threadIdx.x; k < n; k += kSampleThreads) {
+    invalid[k] = false;
+    predict[k] = -1;
+  }
   if (threadIdx.x == 0) a.out_accept[b] = min(j, n - 1) + 1;
 }
 
@@ -247,11 +263,12 @@ void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indic
                       const at::Tensor& candidates, const at::Tensor& draft_probs,
                       bool apply_penalties, int64_t route, int64_t max_top_k,
                       at::Tensor& out_predict, at::Tensor& out_accept_length,
-                      at::Tensor& out_invalid, const std::optional<at::Tensor>& token_bitmask) {
+                      at::Tensor& out_invalid, const std::optional<at::Tensor>& token_bitmask,
+                      const std::optional<at::Tensor>& workspace) {
   check_verify_rejection_args(logits, req_pool_indices, valid_cache_lengths, slot_table,
                               history_capacity, bias_capacity, candidates, draft_probs, route,
                               max_top_k, out_predict, out_accept_length, out_invalid,
-                              token_bitmask);
+                              token_bitmask, workspace);
   const int64_t bs = candidates.size(0), n = candidates.size(1);
   const int32_t V = static_cast<int32_t>(logits.size(1));
   if (bs == 0) return;
@@ -262,7 +279,16 @@ void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indic
   const at::Tensor q = draft_probs.scalar_type() == at::kFloat && draft_probs.is_contiguous()
                            ? draft_probs
                            : draft_probs.to(at::kFloat).contiguous();
+  // Top-k steps: every row judged at once on the split-row path, its verdict in out_predict.
+  const SlotLayout layout = slot_layout_of(slot_table, history_capacity, bias_capacity);
+  const std::optional<at::Tensor> drafts = candidates;
+  const std::optional<at::Tensor> no_logprobs;
+  const SampleRowsCall call{logits, req_pool_indices, valid_cache_lengths, slot_table, layout,
+                            n, drafts, apply_penalties, /*logprobs_mode=*/0,
+                            static_cast<Route>(route), max_top_k, out_predict, out_invalid,
+                            no_logprobs, workspace, token_bitmask};
   RejectionArgs a;
+  a.judged = split_row::try_verify_rejection(call, q);
   a.row_stride = logits.stride(0);
   a.token_bitmask = bitmask_rows(token_bitmask);
   a.vocab = V;
@@ -270,7 +296,7 @@ void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indic
   a.valid_cache_lengths = valid_cache_lengths.data_ptr<int32_t>();
   a.slot_table = slot_table.data_ptr<int32_t>();
   a.pool_rows = slot_table.size(0);
-  a.layout = slot_layout_of(slot_table, history_capacity, bias_capacity);
+  a.layout = layout;
   a.n = static_cast<int32_t>(n);
   a.candidates = candidates.data_ptr<int32_t>();
   a.draft_probs = q.data_ptr<float>();

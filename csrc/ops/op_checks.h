@@ -199,6 +199,22 @@ inline void check_sample_rows_args(const at::Tensor& logits, const at::Tensor& r
   if (candidates) check_candidates(*candidates, bs, tokens_per_req, device);
 }
 
+// The scratch of the CUDA multi-block paths (sample_rows, verify_rejection), read by them only;
+// every kernel refuses a bad one.
+inline void check_workspace(const std::optional<at::Tensor>& workspace, const at::Tensor& logits) {
+  if (!workspace) return;
+  const at::Tensor& w = *workspace;
+  TORCH_CHECK_VALUE(w.scalar_type() == at::kByte && w.dim() == 1 &&
+                        holds(w.sym_is_contiguous()) && w.device() == logits.device(),
+                    "workspace must be a contiguous 1-D uint8 tensor on ", logits.device(),
+                    ", got ", w.scalar_type(), " ", w.sym_sizes(), " on ", w.device());
+  const c10::SymInt rows = logits.sym_size(0);
+  const c10::SymInt needed = cuda::sample_rows_workspace_bytes(rows);
+  TORCH_CHECK_VALUE(holds(w.sym_numel() >= needed), "workspace holds ", w.sym_numel(),
+                    " bytes; a step of ", rows, " rows needs ", needed,
+                    " (_C.sample_rows_workspace_bytes(rows))");
+}
+
 inline void check_sample_rows_call(
     const at::Tensor& logits, const at::Tensor& req_pool_indices,
     const at::Tensor& valid_cache_lengths, const at::Tensor& slot_table, int64_t history_capacity,
@@ -215,18 +231,7 @@ inline void check_sample_rows_call(
                     " must be 0 (raw) or 1 (processed)");
   check_route(route, max_top_k);
   check_token_bitmask(token_bitmask, logits);
-  if (workspace) {  // read by the CUDA multi-block paths only; every kernel refuses a bad one
-    const at::Tensor& w = *workspace;
-    TORCH_CHECK_VALUE(w.scalar_type() == at::kByte && w.dim() == 1 &&
-                          holds(w.sym_is_contiguous()) && w.device() == logits.device(),
-                      "workspace must be a contiguous 1-D uint8 tensor on ", logits.device(),
-                      ", got ", w.scalar_type(), " ", w.sym_sizes(), " on ", w.device());
-    const c10::SymInt rows = logits.sym_size(0);
-    const c10::SymInt needed = cuda::sample_rows_workspace_bytes(rows);
-    TORCH_CHECK_VALUE(holds(w.sym_numel() >= needed), "workspace holds ", w.sym_numel(),
-                      " bytes; a step of ", rows, " rows needs ", needed,
-                      " (_C.sample_rows_workspace_bytes(rows))");
-  }
+  check_workspace(workspace, logits);
 }
 
 inline void check_penalize_args(const at::Tensor& logits, const at::Tensor& req_pool_indices,
@@ -307,7 +312,7 @@ inline void check_verify_rejection_args(
     int64_t bias_capacity, const at::Tensor& candidates, const at::Tensor& draft_probs,
     int64_t route, int64_t max_top_k, const at::Tensor& out_predict,
     const at::Tensor& out_accept_length, const at::Tensor& out_invalid,
-    const std::optional<at::Tensor>& token_bitmask) {
+    const std::optional<at::Tensor>& token_bitmask, const std::optional<at::Tensor>& workspace) {
   TORCH_CHECK_VALUE(candidates.dim() == 2, "candidates must be [bs, n], got ",
                     candidates.sym_sizes());
   // n sets the row grouping of every other argument: a compiled graph specialises on it.
@@ -329,6 +334,7 @@ inline void check_verify_rejection_args(
   check_int32_vector(out_accept_length, "out_accept_length", bs, logits.device());
   check_route(route, max_top_k);
   check_token_bitmask(token_bitmask, logits);
+  check_workspace(workspace, logits);
 }
 
 inline void check_append_history_args(const at::Tensor& slot_table, int64_t history_capacity,

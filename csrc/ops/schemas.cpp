@@ -56,11 +56,12 @@ void verify_rejection_meta(const at::Tensor& logits, const at::Tensor& req_pool_
                            bool /*apply_penalties*/, int64_t route, int64_t max_top_k,
                            at::Tensor& out_predict, at::Tensor& out_accept_length,
                            at::Tensor& out_invalid,
-                           const std::optional<at::Tensor>& token_bitmask) {
+                           const std::optional<at::Tensor>& token_bitmask,
+                           const std::optional<at::Tensor>& workspace) {
   check_verify_rejection_args(logits, req_pool_indices, valid_cache_lengths, slot_table,
                               history_capacity, bias_capacity, candidates, draft_probs, route,
                               max_top_k, out_predict, out_accept_length, out_invalid,
-                              token_bitmask);
+                              token_bitmask, workspace);
 }
 
 void penalize_logits_meta(const at::Tensor& logits, const at::Tensor& req_pool_indices,
@@ -157,14 +158,14 @@ TORCH_LIBRARY(tokensampler, m) {
   m.def(
       "verify_chain(Tensor candidates, Tensor target_tokens, Tensor(a!) out_predict, "
       "Tensor(b!) out_accept_length, Tensor? target_invalid=None) -> ()");
-  // DESIGN §4 lossless rejection sampling with draft probabilities [bs, n-1, V]; route and
-  // max_top_k as in sample_rows.
+  // DESIGN §4 lossless rejection sampling with draft probabilities [bs, n-1, V]; route,
+  // max_top_k and workspace (for bs * n rows) as in sample_rows.
   m.def(
       "verify_rejection(Tensor logits, Tensor req_pool_indices, Tensor valid_cache_lengths, "
       "Tensor slot_table, int history_capacity, int bias_capacity, Tensor candidates, "
       "Tensor draft_probs, bool apply_penalties, int route, int max_top_k, "
       "Tensor(a!) out_predict, Tensor(b!) out_accept_length, Tensor(c!) out_invalid, "
-      "Tensor? token_bitmask=None) -> ()");
+      "Tensor? token_bitmask=None, Tensor(d!)? workspace=None) -> ()");
   // DESIGN §3.1–3.4 alone: out = the processed logits (fp32) of every row, i.e. what the
   // filters of sample_rows see before temperature. Used by backends that sample elsewhere
   // (flashinfer_full) so their processed logits are identical to gumbel_full's. The columns

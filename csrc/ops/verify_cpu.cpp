@@ -58,11 +58,12 @@ void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indic
                       const at::Tensor& candidates, const at::Tensor& draft_probs,
                       bool apply_penalties, int64_t route, int64_t max_top_k,
                       at::Tensor& out_predict, at::Tensor& out_accept_length,
-                      at::Tensor& out_invalid, const std::optional<at::Tensor>& token_bitmask) {
+                      at::Tensor& out_invalid, const std::optional<at::Tensor>& token_bitmask,
+                      const std::optional<at::Tensor>& workspace) {
   check_verify_rejection_args(logits, req_pool_indices, valid_cache_lengths, slot_table,
                               history_capacity, bias_capacity, candidates, draft_probs, route,
                               max_top_k, out_predict, out_accept_length, out_invalid,
-                              token_bitmask);
+                              token_bitmask, workspace);
   const int64_t bs = candidates.size(0), n = candidates.size(1);
   const int32_t V = static_cast<int32_t>(logits.size(1));
   const auto x = logits.to(at::kFloat).contiguous();

@@ -326,7 +326,8 @@ class GumbelSamplingBackend(SamplingBackend):
                 logits, sampling_info.req_pool_indices, sampling_info.valid_cache_lengths,
                 self.slots.table, self.slots.history_capacity, self.slots.bias_capacity,
                 candidates, sampling_info.draft_probs, self._FULL, *self._route_args(),
-                predict, accept, self._rows(rows).invalid, sampling_info.token_bitmask)
+                predict, accept, self._rows(rows).invalid, sampling_info.token_bitmask,
+                self._workspace)
             if self._wants_logprobs:
                 self._emitted_logprobs(logits, sampling_info.token_bitmask, predict,
                                        self._readable_rows(sampling_info, bs, n))
