@@ -75,6 +75,26 @@ def test_argmax_invalid_flags_match_cpu_with_a_bitmask(dtype):
     assert out["cpu"][0].tolist()[:5] == [0, 0, 0, 32005, 39999]
 
 
+@pytest.mark.parametrize("rows", [1, 16, 17, 33, 66, 67, 200])
+@pytest.mark.parametrize("V", [7, 151936])
+def test_argmax_rows_at_every_cluster_size(rows, V):
+    """Small steps read a row with a cluster of 8, 4 or 2 blocks (one wave), larger ones a block
+    a row: the same argmax, ties across the blocks' slices to the lowest id."""
+    gen = torch.Generator().manual_seed(rows)
+    logits = torch.randn(rows, V, generator=gen)
+    logits[0, [V - 1, V // 3, V // 2]] = 9.0        # a tie across slices -> V // 3
+    logits[-1] = float("-inf")                      # invalid -> 0
+    tokens = torch.full((rows,), -1, dtype=torch.int32, device="cuda")
+    invalid = torch.zeros(rows, dtype=torch.bool, device="cuda")
+    torch.ops.tokensampler.argmax_rows(logits.cuda(), tokens, None, invalid)
+    expected = torch.empty(rows, dtype=torch.int32)
+    expected_invalid = torch.zeros(rows, dtype=torch.bool)
+    torch.ops.tokensampler.argmax_rows(logits, expected, None, expected_invalid)
+    assert torch.equal(tokens.cpu(), expected) and torch.equal(invalid.cpu(), expected_invalid)
+    if rows > 1:
+        assert expected[0].item() == V // 3 and expected[-1].item() == 0
+
+
 def test_greedy_verify_on_cuda():
     V, n = 3000, 4
     logits = torch.randn(2 * n, V, device="cuda")

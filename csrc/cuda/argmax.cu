@@ -7,10 +7,45 @@
 #include "../ops/op_checks.h"
 #include "argmax_kernel.cuh"
 #include "dispatch_logits.cuh"
+#include "kernel_arch.h"
 
 namespace tokensampler::cuda {
 
 namespace {
+
+constexpr int kArgmaxThreads = 1024;
+
+template <typename T>
+struct ArgmaxCall {
+  const T* logits;
+  int64_t row_stride;
+  BitmaskRows token_bitmask;
+  int32_t vocab;
+  int32_t* out_tokens;
+  bool* out_invalid;
+};
+
+// Launches argmax_rows_kernel with clusters of kCtas blocks a row when the rows' clusters fit in
+// one wave and the kernel has sm_90 code; returns whether it did.
+template <typename T, int kCtas>
+bool launch_clusters(const ArgmaxCall<T>& c, int64_t rows, int sms, cudaStream_t stream) {
+  auto* kernel = argmax_rows_kernel<T, kArgmaxThreads, kCtas>;
+  if (rows * kCtas > sms || !has_sm90_code(reinterpret_cast<const void*>(kernel))) return false;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(rows * kCtas));
+  cfg.blockDim = dim3(kArgmaxThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCtas;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, c.logits, c.row_stride, c.token_bitmask, c.vocab,
+                                    c.out_tokens, c.out_invalid));
+  return true;
+}
 
 void argmax_rows(const at::Tensor& logits, at::Tensor& out_tokens,
                  const std::optional<at::Tensor>& token_bitmask,
@@ -20,13 +55,21 @@ void argmax_rows(const at::Tensor& logits, at::Tensor& out_tokens,
   if (rows == 0) return;
   const c10::cuda::CUDAGuard guard(logits.device());
   const auto stream = at::cuda::getCurrentCUDAStream();
-  constexpr int kThreads = 1024;
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   dispatch_logits_dtype(logits.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
-    argmax_rows_kernel<T, kThreads><<<rows, kThreads, 0, stream>>>(
-        logits.data_ptr<T>(), logits.stride(0), bitmask_rows(token_bitmask),
-        static_cast<int32_t>(logits.size(1)), out_tokens.data_ptr<int32_t>(),
-        out_invalid ? out_invalid->data_ptr<bool>() : nullptr);
+    const ArgmaxCall<T> call{logits.data_ptr<T>(), logits.stride(0), bitmask_rows(token_bitmask),
+                             static_cast<int32_t>(logits.size(1)),
+                             out_tokens.data_ptr<int32_t>(),
+                             out_invalid ? out_invalid->data_ptr<bool>() : nullptr};
+    // The largest cluster whose rows fit in one wave (a block per row from there on).
+    if (!launch_clusters<T, 8>(call, rows, sms, stream) &&
+        !launch_clusters<T, 4>(call, rows, sms, stream) &&
+        !launch_clusters<T, 2>(call, rows, sms, stream)) {
+      argmax_rows_kernel<T, kArgmaxThreads, 1><<<rows, kArgmaxThreads, 0, stream>>>(
+          call.logits, call.row_stride, call.token_bitmask, call.vocab, call.out_tokens,
+          call.out_invalid);
+    }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

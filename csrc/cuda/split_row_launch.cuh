@@ -9,11 +9,10 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <utility>
 
 #include "../ops/op_checks.h"
+#include "kernel_arch.h"
 #include "sample_rows_paths.h"
 #include "split_row_kernel.cuh"
 #include "workspace.h"
@@ -127,25 +126,10 @@ inline bool use_pdl() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
-// Whether `kernel` waits in wait_for_prior_grids(): its griddepcontrol.wait exists only in code
-// compiled for sm_90 and up, so a kernel JIT-compiled from older PTX (an "8.0+PTX" build on a
-// newer GPU) has none and must not be launched early. Cached per kernel and device.
-inline bool waits_for_prior_grids(const void* kernel) {
-  static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, bool> known;
-  const std::pair<const void*, int> key{kernel, at::cuda::current_device()};
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto it = known.find(key);
-  if (it != known.end()) return it->second;
-  cudaFuncAttributes attr{};
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-  return known[key] = attr.ptxVersion >= 90;
-}
-
 // Launches kernel<<<grid, threads, smem, stream>>>(args...), with the programmatic-serialization
-// attribute when `pdl` (and the kernel waits): the kernel may be scheduled while the one ahead
-// of it in the stream drains, and waits for it in wait_for_prior_grids() before touching global
-// memory.
+// attribute when `pdl` (and the kernel was compiled with its wait, kernel_arch.h): the kernel
+// may be scheduled while the one ahead of it in the stream drains, and waits for it in
+// wait_for_prior_grids() before touching global memory.
 template <typename... Params, typename... ArgTypes>
 void launch(void (*kernel)(Params...), int64_t grid, int threads, size_t smem, bool pdl,
             ArgTypes&&... args) {
@@ -158,7 +142,7 @@ void launch(void (*kernel)(Params...), int64_t grid, int threads, size_t smem, b
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl && waits_for_prior_grids(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
+  cfg.numAttrs = pdl && has_sm90_code(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
   C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<ArgTypes>(args)...));
 }
 
