@@ -1,5 +1,5 @@
 // DESIGN §4 rejection sampling of one verify row over an explicit kept set: the split-row
-// finisher's ranked candidates (split_row_kernel.cuh). The row's verdict is the draft accepted,
+// finisher's ranked candidates (split_row_finish.cuh). The row's verdict is the draft accepted,
 // or the token the request stops at (the residual draw, else the row's target sample), in the
 // arithmetic of the CPU kernel and of verify.cu's one-block walker: integer top-p masses, their
 // exact total, the accept coin and residual noise keyed by (seed, position, token).

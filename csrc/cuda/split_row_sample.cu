@@ -1,4 +1,5 @@
-// Launch code of the split-row fast path of sample_rows (device code in split_row_kernel.cuh).
+// Launch code of the split-row fast path of sample_rows and verify_rejection (device code in
+// split_row_kernel.cuh).
 // sample.cu tries it first.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
