@@ -9,18 +9,14 @@
 
 namespace tokensampler::cuda {
 
-// Called by every thread of the row's block (threads stride over the top-N entries).
+// Called by every thread of the row's block (thread 0 writes). The top-N of such a row are
+// raw_logprobs_kernel.cuh's (write_unreadable_top).
 __device__ __forceinline__ void write_unreadable_row(int64_t r, int32_t* out_tokens, bool* out_invalid,
-                                                     float* out_logprobs, float* out_top_values,
-                                                     int64_t* out_top_ids, int32_t top_n) {
+                                                     float* out_logprobs) {
   if (threadIdx.x == 0) {
     out_tokens[r] = 0;
     out_invalid[r] = true;
     if (out_logprobs != nullptr) out_logprobs[r] = kNegInf;
-  }
-  for (int32_t n = threadIdx.x; n < top_n; n += blockDim.x) {
-    out_top_values[r * top_n + n] = kNegInf;
-    out_top_ids[r * top_n + n] = n;
   }
 }
 

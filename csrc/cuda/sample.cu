@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kSampleThreads)
   const int64_t b = r / a.tokens_per_req, j = r % a.tokens_per_req;
   const int32_t slot = a.req_pool_indices[b];
   if (slot < 0 || slot >= a.pool_rows) {  // untrusted index: flag the row, read nothing
-    write_unreadable_row(r, a.out_tokens, a.out_invalid, a.out_logprobs, nullptr, nullptr, 0);
+    write_unreadable_row(r, a.out_tokens, a.out_invalid, a.out_logprobs);
     return;
   }
   const LogitsRow<T> x = logits_row(logits, a.row_stride, a.token_bitmask, r);

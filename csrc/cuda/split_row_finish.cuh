@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
   const int64_t r = blockIdx.x;
   const RowParams p = row_params(a, r);
   if (!p.valid_slot) {
-    write_unreadable_row(r, a.out_tokens, a.out_invalid, a.out_logprobs, nullptr, nullptr, 0);
+    write_unreadable_row(r, a.out_tokens, a.out_invalid, a.out_logprobs);
     return;
   }
   const FinishSmem sm{buf, scan_storage, scratch, partials, red_m, red_s, red_count, &keep_count,

@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   ChunkResult* out = a.results + blockIdx.x;
   if (!p.valid_slot) {  // the finishing code flags the row without reading chunks
     if (kFused && split == 0)
-      write_unreadable_row(r, a.out_tokens, a.out_invalid, a.out_logprobs, nullptr, nullptr, 0);
+      write_unreadable_row(r, a.out_tokens, a.out_invalid, a.out_logprobs);
     return;  // the whole block; this row's ticket is never taken
   }
   const bool top_k_rows = !p.greedy && p.top_k_on && a.k_cap > 0;
