@@ -165,3 +165,64 @@ def test_backend_verify_with_draft_probs_matches_cpu():
         outs.append((predict.cpu().clone(), accept.cpu().clone()))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     assert (outs[0][1] > 1).any()
+
+
+def _tickets_are_zero(workspace):
+    """The ticket area of csrc/cuda/workspace.h: after the tail of the sections, 4 bytes a row."""
+    base = _C.sample_rows_workspace_bytes(0)
+    per_row = _C.sample_rows_workspace_bytes(1) - base
+    served = (workspace.numel() - base) // per_row
+    start = served * (per_row - 4) + base
+    return bool((workspace[start:start + 4 * served] == 0).all())
+
+
+@pytest.mark.parametrize("bs", [1, 8])
+def test_graph_replays_match_cpu(bs):
+    """verify with draft_probs captured once and replayed with new logits, drafts, draft
+    probabilities and positions: the CPU backend's predictions each time, and the single
+    launch's tickets (bs 1: 4 rows) back at zero after every replay."""
+    V, n = 50257, 4
+    cfg = dict(max_bs=bs, max_draft_tokens_per_req=n, max_req_pool_size=bs, vocab_size=V)
+    cpu = ts.create_backend("gumbel", ts.SamplingBackendConfig(device="cpu", **cfg))
+    gpu = ts.create_backend("gumbel", ts.SamplingBackendConfig(device="cuda", **cfg))
+    sps = [ts.SamplingParams(temperature=0.8, top_k=64, top_p=0.95, seed=90 + i) for i in range(bs)]
+    if bs == 8:
+        sps[2] = ts.SamplingParams(temperature=0.0)  # a greedy request rides along
+    for b in (cpu, gpu):
+        b.prepare_step([f"r{i}" for i in range(bs)], list(range(1, bs + 1)), sps,
+                       num_tokens_per_req=n)
+    slots = torch.arange(1, bs + 1, dtype=torch.int32, device="cuda")
+    lengths = torch.full((bs + 1,), 3, dtype=torch.int32, device="cuda")
+    logits_d = torch.zeros(bs * n, V, device="cuda")
+    q_d = torch.full((bs, n - 1, V), 1.0 / V, device="cuda")
+    drafts_d = torch.zeros(bs, n, dtype=torch.int32, device="cuda")
+    info = ts.SamplingBatchInfo(slots, lengths, V, "cuda", draft_probs=q_d)
+    out = ts.LogitsProcessorOutput(logits_d)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        gpu.verify(out, info, drafts_d)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        predict, accept = gpu.verify(out, info, drafts_d)
+    g = torch.Generator().manual_seed(bs)
+    accepted_any = False
+    for t in range(4):
+        logits = torch.randn(bs * n, V, generator=g) * 3
+        q = torch.softmax(logits.view(bs, n, V)[:, :-1] / 0.8 +
+                          1.5 * torch.randn(bs, n - 1, V, generator=g), -1)
+        drafts = torch.cat([torch.zeros(bs, 1, dtype=torch.int32), q.argmax(-1).to(torch.int32)], 1)
+        logits_d.copy_(logits)
+        q_d.copy_(q)
+        drafts_d.copy_(drafts)
+        lengths.fill_(20 + t)
+        graph.replay()
+        cpu_info = ts.SamplingBatchInfo(torch.arange(1, bs + 1, dtype=torch.int32),
+                                        torch.full((bs + 1,), 20 + t, dtype=torch.int32), V, "cpu",
+                                        draft_probs=q)
+        p_cpu, a_cpu = cpu.verify(ts.LogitsProcessorOutput(logits), cpu_info, drafts)
+        assert torch.equal(predict.cpu(), p_cpu) and torch.equal(accept.cpu(), a_cpu), t
+        accepted_any |= bool((a_cpu > 1).any())
+        assert _tickets_are_zero(gpu._workspace)
+    assert accepted_any
