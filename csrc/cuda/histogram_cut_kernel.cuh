@@ -587,8 +587,14 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
       const split_row::RankedMasses<kFinishThreads, kCutCap / kFinishThreads> masses(
           sm.list, listed, z_max, sm.cut_sm.scan);
       const int keep = masses.kept(listed, cut.before, cut.limit);
-      const KeptSet kept{sm.list, keep, min_p_threshold(z_max, p.min_p), z_max, false};
-      token = split_row::sample_kept_set<kFinishThreads>(kept, p, sm.scratch);
+      // The listed tokens compete with `best`, the surely kept tokens' best score.
+      const float tau = min_p_threshold(z_max, p.min_p);
+      for (int e = threadIdx.x; e < keep; e += kFinishThreads) {
+        const Candidate t = sm.list[e];
+        if (t.z < tau) continue;
+        best = best_of(best, Candidate{f_add(t.z, gumbel_noise(p.seed, p.position, t.id, kStreamGumbel)), t.id});
+      }
+      token = block_best<kFinishThreads>(best, sm.scratch).id;
     } else {
       const int m = min(listed, p.top_k);
       auto* scan = reinterpret_cast<unsigned long long*>(sm.list + kCountCutMaxK);
