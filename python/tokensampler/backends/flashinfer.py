@@ -169,11 +169,14 @@ class _FlashInferMixin:
         _, z, (_, top_k, top_p, min_p, greedy, seed, offset, readable) = self._draw(
             logits, sampling_info, n, candidates, target)
         probs = self._filtered_probs(z, top_k, top_p, min_p)
-        # Greedy rows put all mass on their argmax; invalid rows (no finite logit: NaN probs)
-        # on token 0, their target, so FlashInfer reads a distribution on every row.
+        # Greedy rows put all mass on their argmax; invalid rows (no finite logit) on token 0,
+        # and rows with a +inf logit (NaN probs after FlashInfer's softmax) on their sample, as
+        # `sample` gives them: their target. So FlashInfer reads a distribution on every row
+        # (a NaN row made chain_speculative_sampling emit arbitrary ids, run 53).
         one_hot = torch.zeros_like(probs).scatter_(1, target.long().unsqueeze(1), 1.0)
         invalid = self._rows(rows).invalid
-        probs = torch.where((greedy | invalid).unsqueeze(1), one_hot, probs)
+        no_distribution = greedy | invalid | probs.isnan().any(1)
+        probs = torch.where(no_distribution.unsqueeze(1), one_hot, probs)
         accepted, emitted = self._accepted[:bs], self._emitted[:bs]
         accepted.zero_()
         emitted.zero_()
