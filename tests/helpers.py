@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 import tokensampler as ts
+from tokensampler import _C
 
 VOCAB = 1024
 POOL = 8
@@ -84,3 +85,14 @@ def accepted_drafts(cpu_backend, logits, bs, t0, n, candidates, reject_every=3):
         j = 1 + (r // reject_every) % (n - 1)
         cand[r, j] = (cand[r, j] + 1) % V
     return cand
+
+
+def tickets_are_zero(workspace: torch.Tensor) -> bool:
+    """The ticket area of csrc/cuda/workspace.h (after the tail of the sections, 4 bytes a row)
+    is all zero: every single-launch kernel left the tickets it took as it found them."""
+    base = _C.sample_rows_workspace_bytes(0)
+    per_row = _C.sample_rows_workspace_bytes(1) - base
+    served = (workspace.numel() - base) // per_row
+    start = served * (per_row - 4) + base
+    return bool((workspace[start:start + 4 * served] == 0).all())
+

@@ -17,6 +17,8 @@ from tokensampler import _C
 from tokensampler.backends.slot_params import to_slot_params
 from tokensampler.bitmask import bitmask_words, pack_token_bitmask
 
+from helpers import tickets_are_zero
+
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -168,15 +170,6 @@ def test_backend_verify_with_draft_probs_matches_cpu():
     assert (outs[0][1] > 1).any()
 
 
-def _tickets_are_zero(workspace):
-    """The ticket area of csrc/cuda/workspace.h: after the tail of the sections, 4 bytes a row."""
-    base = _C.sample_rows_workspace_bytes(0)
-    per_row = _C.sample_rows_workspace_bytes(1) - base
-    served = (workspace.numel() - base) // per_row
-    start = served * (per_row - 4) + base
-    return bool((workspace[start:start + 4 * served] == 0).all())
-
-
 @pytest.mark.parametrize("bs", [1, 8])
 def test_graph_replays_match_cpu(bs):
     """verify with draft_probs captured once and replayed with new logits, drafts, draft
@@ -225,5 +218,5 @@ def test_graph_replays_match_cpu(bs):
         p_cpu, a_cpu = cpu.verify(ts.LogitsProcessorOutput(logits), cpu_info, drafts)
         assert torch.equal(predict.cpu(), p_cpu) and torch.equal(accept.cpu(), a_cpu), t
         accepted_any |= bool((a_cpu > 1).any())
-        assert _tickets_are_zero(gpu._workspace)
+        assert tickets_are_zero(gpu._workspace)
     assert accepted_any

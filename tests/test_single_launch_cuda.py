@@ -11,7 +11,7 @@ import torch
 
 import tokensampler as ts
 from tokensampler import _C
-from helpers import accepted_drafts, backends, run
+from helpers import accepted_drafts, backends, run, tickets_are_zero
 
 pytestmark = pytest.mark.cuda
 
@@ -60,15 +60,6 @@ def _logits(g, bs, n, prompts):
     return logits
 
 
-def _tickets_are_zero(workspace):
-    """The ticket area of csrc/cuda/workspace.h: after the tail of the sections, 4 bytes a row."""
-    base = _C.sample_rows_workspace_bytes(0)
-    per_row = _C.sample_rows_workspace_bytes(1) - base
-    served = (workspace.numel() - base) // per_row
-    start = served * (per_row - 4) + base
-    return bool((workspace[start:start + 4 * served] == 0).all())
-
-
 @pytest.fixture(params=["single", "two_kernels"])
 def launch(request, monkeypatch):
     if request.param == "two_kernels":
@@ -107,7 +98,7 @@ def test_eager_matches_cpu(name, bs, workspace, launch):
         if backend == "gumbel_full":
             assert torch.equal(gpu.slots.table.cpu(), cpu.slots.table)
     if workspace:
-        assert _tickets_are_zero(gpu._workspace)
+        assert tickets_are_zero(gpu._workspace)
 
 
 @pytest.mark.parametrize("workspace", [True, False])
@@ -163,7 +154,7 @@ def test_graph_replays_match_cpu(name, bs, workspace, launch):
         if backend == "gumbel_full":  # histories recorded by the graph and by the CPU backend
             assert torch.equal(gpu.slots.table[1:bs + 1].cpu(), cpu.slots.table[1:bs + 1])
     if workspace:
-        assert _tickets_are_zero(gpu._workspace)
+        assert tickets_are_zero(gpu._workspace)
 
 
 @pytest.mark.parametrize("route", ["no_filter", "top_k_top_p"])
@@ -188,7 +179,7 @@ def test_invalid_slot_row_is_flagged(route, launch):
             res.append((tokens.cpu().clone(), b.invalid_rows[:bs].cpu().clone()))
         assert torch.equal(res[0][0], res[1][0])
         assert res[1][1].tolist() == [False, True, False]
-    assert _tickets_are_zero(gpu._workspace)
+    assert tickets_are_zero(gpu._workspace)
 
 
 @pytest.mark.parametrize("pdl", ["0", "1"])
