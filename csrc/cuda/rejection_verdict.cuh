@@ -17,9 +17,10 @@ namespace tokensampler::cuda {
 constexpr int32_t kVerdictAccept = -1;     // the row's draft is accepted: the chain goes on
 constexpr int32_t kVerdictUndecided = -2;  // left to verify.cu's one-block walker
 
-// The kept set of a row as the first `count` ranked candidates of buf: those with z >= cut; a row
-// with +inf processed logits keeps its first `count` (+inf) ones, each of z 0 (DESIGN §3.6).
-// z_max is the one the top-p masses are taken against (0 in a +inf row).
+// The kept set of a row among the first `count` candidates of buf (in rank order where top-p or
+// +inf logits need it): those with z >= cut; a row with +inf processed logits keeps its first
+// `count` (+inf) ones, each of z 0 (DESIGN §3.6). z_max is the one the top-p masses are taken
+// against (0 in a +inf row).
 struct KeptSet {
   const Candidate* buf;
   int count;
@@ -33,8 +34,8 @@ struct KeptSet {
 };
 
 // A greedy row keeps only its argmax, at probability 1: the draft is accepted when it is that
-// token (and the coin allows), and otherwise the request stops at the argmax, which both the
-// residual draw and the target sample give.
+// token (the coin test, in the CPU's arithmetic, always passes then), and otherwise the request
+// stops at the argmax, which both the residual draw and the target sample give.
 __device__ __forceinline__ int32_t greedy_verdict(int32_t argmax, int32_t draft, const float* q,
                                                   uint64_t seed, int64_t position) {
   const unsigned long long mass = top_p_mass(0.0f, 0.0f);

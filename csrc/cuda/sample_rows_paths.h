@@ -22,7 +22,8 @@ struct SampleRowsCall {
   const at::Tensor& slot_table;
   SlotLayout layout;
   int64_t tokens_per_req;
-  const std::optional<at::Tensor>& drafts;  // verify candidates: penalties count earlier drafts
+  const std::optional<at::Tensor>& drafts;  // verify candidates: penalties count earlier drafts,
+                                            // rejection verify judges them
   bool apply_penalties;
   int64_t logprobs_mode;
   Route route;         // the step's route: which filters its rows use

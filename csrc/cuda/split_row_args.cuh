@@ -141,7 +141,7 @@ struct Args {
   int64_t pool_rows;
   SlotLayout layout;
   int32_t tokens_per_req;
-  const int32_t* candidates;  // verify: [bs, tokens_per_req] drafts (penalties count them)
+  const int32_t* candidates;  // verify with penalties: [bs, tokens_per_req] drafts they count
   bool penalties;
   bool want_raw;
   ChunkResult* results;
@@ -150,7 +150,8 @@ struct Args {
   // row's finishing block resets its own), so CUDA-graph replays find them zero. See workspace.h.
   uint32_t* tickets;
   // Rejection-sampling verify (try_verify_rejection), else null: the draft probabilities
-  // [bs, tokens_per_req - 1, V] (float32) and the drafts [bs, tokens_per_req]. out_tokens then
+  // [bs, tokens_per_req - 1, V] (float32) and the drafts [bs, tokens_per_req] to judge (the
+  // tensor `candidates` points at when penalties apply). out_tokens then
   // takes each row's verdict (rejection_verdict.cuh) for verify.cu's walker.
   const float* draft_probs;
   const int32_t* drafts;

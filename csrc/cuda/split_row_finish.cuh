@@ -95,7 +95,8 @@ __device__ int32_t sample_kept_set(const KeptSet& kept, const RowParams& p, Cand
 // the single launch).
 struct FinishSmem {
   Candidate* buf;       // kMergeCap entries (top-k steps only)
-  unsigned long long* scan_storage;  // kSplitRowMaxTopK words (top-k steps with top-p only)
+  unsigned long long* scan_storage;  // kSplitRowMaxTopK words: top-p's mass scan, then
+                                     // rejection_verdict's per-warp sums (top-k steps)
   Candidate* scratch;   // kThreads / 32
   Partial* partials;    // kThreads / 32
   float* red_m;         // kThreads / 32

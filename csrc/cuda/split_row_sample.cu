@@ -1,6 +1,6 @@
-// Launch code of the split-row fast path of sample_rows and verify_rejection (device code in
-// split_row_kernel.cuh).
-// sample.cu tries it first.
+// Launch code of the split-row fast path (device code: split_row_kernel.cuh, split_row_finish.cuh,
+// rejection_verdict.cuh). sample.cu tries it first for sample_rows; verify.cu for top-k steps of
+// verify_rejection.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
