@@ -220,3 +220,13 @@ def test_graph_replays_match_cpu(bs):
         accepted_any |= bool((a_cpu > 1).any())
         assert tickets_are_zero(gpu._workspace)
     assert accepted_any
+
+
+def test_empty_residual_stops_at_the_target_sample():
+    """Draft probabilities of 1 everywhere (clamped, unnormalised input): a rejected draft leaves
+    max(p - q, 0) zero on the whole kept set, so the row's token is its own sample (DESIGN §4)."""
+    inputs = list(build_inputs("top_k_top_p", 50257, 12, 4, torch.float32, seed=21))
+    inputs[5] = torch.ones_like(inputs[5])  # q
+    cpu = verify(inputs, "cpu")
+    assert (cpu[1] < 4).any()  # some drafts rejected: their rows took the fallback
+    assert_same(cpu, verify(inputs, "cuda", workspace=True))
