@@ -14,10 +14,10 @@ import torch
 
 import tokensampler as ts
 from tokensampler import _C
-from tokensampler.backends.slot_params import to_slot_params
 from tokensampler.bitmask import bitmask_words, pack_token_bitmask
 
 from helpers import tickets_are_zero
+from test_cuda_kernels import build_slots
 
 pytestmark = [
     pytest.mark.cuda,
@@ -26,7 +26,6 @@ pytestmark = [
 
 OPS = torch.ops.tokensampler if hasattr(torch.ops, "tokensampler") else None
 ROUTES = {"top_k": 2, "top_k_top_p": 4, "top_k_top_p_min_p": 6}
-H, B = 64, 16
 
 
 def step_params(rng: random.Random, route: str, V: int, bs: int) -> list[ts.SamplingParams]:
@@ -53,13 +52,8 @@ def build_inputs(route: str, V: int, bs: int, n: int, dtype, seed: int):
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     params = step_params(rng, route, V, bs)
-    mgr = _C.SlotStateManager(pool_rows=bs + 1, vocab_size=V, history_capacity=min(H, V),
-                              bias_capacity=B, with_min_p=True, device="cpu")
-    rids = [f"r{i}" for i in range(bs)]
-    slots = list(range(1, bs + 1))
     prompts = [[rng.randrange(V) for _ in range(20)] for _ in range(bs)]
-    got_route = int(mgr.prepare_step(rids, slots, [to_slot_params(p, r, V) for p, r in
-                                                   zip(params, rids)], prompts))
+    mgr, slots, got_route = build_slots(params, V, prompts)
     sampled = [p for p in params if p.temperature > 0 and p.top_k != 1]  # top-k 1 is greedy
     assert got_route == ROUTES[route] or not sampled
     max_top_k = max([p.top_k for p in sampled] or [1])
