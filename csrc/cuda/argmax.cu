@@ -25,12 +25,14 @@ struct ArgmaxCall {
   bool* out_invalid;
 };
 
-// Launches argmax_rows_kernel with clusters of kCtas blocks a row when the rows' clusters fit in
-// one wave and the kernel has sm_90 code; returns whether it did.
+// Launches argmax_rows_kernel with clusters of kCtas blocks a row when the rows' clusters are
+// all resident at once (which needs sm_90 code); returns whether it did.
 template <typename T, int kCtas>
-bool launch_clusters(const ArgmaxCall<T>& c, int64_t rows, int sms, cudaStream_t stream) {
+bool launch_clusters(const ArgmaxCall<T>& c, int64_t rows, cudaStream_t stream) {
   auto* kernel = argmax_rows_kernel<T, kArgmaxThreads, kCtas>;
-  if (rows * kCtas > sms || !has_sm90_code(reinterpret_cast<const void*>(kernel))) return false;
+  if (rows * kCtas > at::cuda::getCurrentDeviceProperties()->multiProcessorCount ||
+      rows > max_active_clusters(reinterpret_cast<const void*>(kernel), kCtas, kArgmaxThreads))
+    return false;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(rows * kCtas));
   cfg.blockDim = dim3(kArgmaxThreads);
@@ -55,7 +57,6 @@ void argmax_rows(const at::Tensor& logits, at::Tensor& out_tokens,
   if (rows == 0) return;
   const c10::cuda::CUDAGuard guard(logits.device());
   const auto stream = at::cuda::getCurrentCUDAStream();
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   dispatch_logits_dtype(logits.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     const ArgmaxCall<T> call{logits.data_ptr<T>(), logits.stride(0), bitmask_rows(token_bitmask),
@@ -63,9 +64,9 @@ void argmax_rows(const at::Tensor& logits, at::Tensor& out_tokens,
                              out_tokens.data_ptr<int32_t>(),
                              out_invalid ? out_invalid->data_ptr<bool>() : nullptr};
     // The largest cluster whose rows fit in one wave (a block per row from there on).
-    if (!launch_clusters<T, 8>(call, rows, sms, stream) &&
-        !launch_clusters<T, 4>(call, rows, sms, stream) &&
-        !launch_clusters<T, 2>(call, rows, sms, stream)) {
+    if (!launch_clusters<T, 8>(call, rows, stream) &&
+        !launch_clusters<T, 4>(call, rows, stream) &&
+        !launch_clusters<T, 2>(call, rows, stream)) {
       argmax_rows_kernel<T, kArgmaxThreads, 1><<<rows, kArgmaxThreads, 0, stream>>>(
           call.logits, call.row_stride, call.token_bitmask, call.vocab, call.out_tokens,
           call.out_invalid);
