@@ -68,23 +68,33 @@ inline __device__ __noinline__ void fold_raw_group(float4 x4, float& m, float& s
     if (x[q] != INFINITY) merge_lse(m, s, x[q], 1.0f);
 }
 
-// Top-k rows: z = x / T of four processed logits (tokens i..i+3) at or above the admission
-// bound, -inf below. A finite logit whose z is past fp32's range gets +-FLT_MAX: it ranks below
-// a +inf logit's +inf, and a -FLT_MAX candidate is a real token, unlike the -inf of a hole. But
-// there it ties with a z of exactly +-FLT_MAX, where the CPU ranks the overflowed z (+inf) above
-// it and the overflowed z (-inf) below it. So the lowest id past +FLT_MAX goes to edge_ids[0]
-// and the lowest at exactly -FLT_MAX to edge_ids[1] (shared memory) for the finisher (DESIGN §5).
-inline __device__ __noinline__ float4 scaled_group(float4 x4, int32_t i, float bound,
-                                                    float temperature, int32_t* edge_ids) {
-  auto z = [&](float x, int32_t id) {
+// Top-k rows: z = x / T of four processed logits at or above the admission bound, -inf below.
+// A finite logit whose z is past fp32's range gets +-FLT_MAX: it ranks below a +inf logit's +inf,
+// and a -FLT_MAX candidate is a real token, unlike the -inf of a hole. Out of line: a warp calls
+// it for most of its groups until the threshold settles, and it must not cost the loop registers.
+inline __device__ __noinline__ float4 scaled_group(float4 x4, float bound, float temperature) {
+  auto z = [&](float x) {
     if (!(x > kNegInf && x >= bound)) return kNegInf;
     const float s = scaled_logit(x, temperature);
-    if (x == INFINITY) return s;
-    if (s == INFINITY) atomicMin(edge_ids, id);
-    if (s == -FLT_MAX) atomicMin(edge_ids + 1, id);
-    return fminf(fmaxf(s, -FLT_MAX), FLT_MAX);
+    return x == INFINITY ? s : fminf(fmaxf(s, -FLT_MAX), FLT_MAX);
   };
-  return make_float4(z(x4.x, i), z(x4.y, i + 1), z(x4.z, i + 2), z(x4.w, i + 3));
+  return make_float4(z(x4.x), z(x4.y), z(x4.z), z(x4.w));
+}
+
+// A group whose z holds +-FLT_MAX (rare): there an overflowed z ties with a z of exactly
+// +-FLT_MAX, where the CPU ranks the overflowed z (+inf) above it and the overflowed z (-inf)
+// below it. Returns the group's lowest id past +FLT_MAX (x) and at exactly -FLT_MAX (y), kNoId
+// where none, for the chunk's edge_ids and then the finisher (DESIGN §5).
+inline __device__ __noinline__ int2 edge_ids_of(float4 x4, int32_t i, float bound, float temperature) {
+  const float x[4] = {x4.x, x4.y, x4.z, x4.w};
+  int2 ids{kNoId, kNoId};
+  for (int q = 3; q >= 0; --q) {
+    if (!(x[q] > kNegInf && x[q] >= bound) || x[q] == INFINITY) continue;
+    const float s = scaled_logit(x[q], temperature);
+    if (s == INFINITY) ids.x = i + q;
+    if (s == -FLT_MAX) ids.y = i + q;
+  }
+  return ids;
 }
 
 // No-filter rows: the rare exact evaluations of their hot loop (two logs and a division each),
@@ -198,7 +208,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   __shared__ int32_t buf_count, compact_counter, keep_count;
   __shared__ float threshold;
   __shared__ BlockBest best_seen;  // no-filter rows
-  __shared__ int32_t edge_ids[2];  // top-k rows: scaled_group
+  __shared__ int32_t edge_ids[2];  // top-k rows: edge_ids_of
   __shared__ bool finishes_row;
 
   const int64_t r = blockIdx.x / a.splits;
@@ -292,10 +302,17 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
                                          raw_s, p.greedy ? &argmax : nullptr);
       argmax.z = p.greedy ? argmax.z : fmaxf(argmax.z, x_max4);
       if (top_k_rows) {
-        const float4 z4 = x_max4 > kNegInf && x_max4 >= thr_raw
-                              ? scaled_group(make_float4(l[u][0], l[u][1], l[u][2], l[u][3]), i,
-                                             thr_raw, p.temperature, edge_ids)
-                              : make_float4(kNegInf, kNegInf, kNegInf, kNegInf);
+        float4 z4 = make_float4(kNegInf, kNegInf, kNegInf, kNegInf);
+        if (x_max4 > kNegInf && x_max4 >= thr_raw) {
+          const float4 x4 = make_float4(l[u][0], l[u][1], l[u][2], l[u][3]);
+          z4 = scaled_group(x4, thr_raw, p.temperature);
+          if (fabsf(z4.x) == FLT_MAX || fabsf(z4.y) == FLT_MAX || fabsf(z4.z) == FLT_MAX ||
+              fabsf(z4.w) == FLT_MAX) {  // the block's shared edge_ids, not a pointer held live
+            const int2 e = edge_ids_of(x4, i, thr_raw, p.temperature);
+            atomicMin(&edge_ids[0], e.x);
+            atomicMin(&edge_ids[1], e.y);
+          }
+        }
         // l[u] now holds z of the tokens at or above the threshold, -inf below it
         l[u][0] = z4.x; l[u][1] = z4.y; l[u][2] = z4.z; l[u][3] = z4.w;
         thread_max = fmaxf(thread_max, fmaxf(fmaxf(z4.x, z4.y), fmaxf(z4.z, z4.w)));
