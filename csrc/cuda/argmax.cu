@@ -33,17 +33,9 @@ bool launch_clusters(const ArgmaxCall<T>& c, int64_t rows, cudaStream_t stream) 
   if (rows * kCtas > at::cuda::getCurrentDeviceProperties()->multiProcessorCount ||
       rows > max_active_clusters(reinterpret_cast<const void*>(kernel), kCtas, kArgmaxThreads))
     return false;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(rows * kCtas));
-  cfg.blockDim = dim3(kArgmaxThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kCtas;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr{};
+  const cudaLaunchConfig_t cfg = cluster_launch_config(static_cast<unsigned>(rows * kCtas),
+                                                       kArgmaxThreads, kCtas, stream, attr);
   C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, c.logits, c.row_stride, c.token_bitmask, c.vocab,
                                     c.out_tokens, c.out_invalid));
   return true;

@@ -10,45 +10,60 @@
 
 #include <map>
 #include <mutex>
-#include <utility>
+#include <tuple>
 
 namespace tokensampler::cuda {
 
-inline bool has_sm90_code(const void* kernel) {
+// compute() once per (kernel, device, extra), then from a cache (one per call site).
+template <typename V, typename F>
+V cached_per_kernel(const void* kernel, int extra, F&& compute) {
   static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, bool> known;
-  const std::pair<const void*, int> key{kernel, at::cuda::current_device()};
+  static std::map<std::tuple<const void*, int, int>, V> known;
+  const std::tuple<const void*, int, int> key{kernel, at::cuda::current_device(), extra};
   const std::lock_guard<std::mutex> lock(mutex);
   const auto it = known.find(key);
   if (it != known.end()) return it->second;
-  cudaFuncAttributes attr{};
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-  return known[key] = attr.ptxVersion >= 90;
+  return known[key] = compute();
+}
+
+inline bool has_sm90_code(const void* kernel) {
+  return cached_per_kernel<bool>(kernel, 0, [&] {
+    cudaFuncAttributes attr{};
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    return attr.ptxVersion >= 90;
+  });
+}
+
+// A launch of `grid` blocks of `threads` threads in clusters of `ctas` blocks; `attr` holds the
+// cluster attribute the config points at.
+inline cudaLaunchConfig_t cluster_launch_config(unsigned grid, unsigned threads, unsigned ctas,
+                                                cudaStream_t stream, cudaLaunchAttribute& attr) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(threads);
+  cfg.stream = stream;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = ctas;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cfg;
 }
 
 // Clusters of `ctas` blocks of `threads` threads (no dynamic shared memory) that can be resident
 // at once; 0 when the kernel has no sm_90 code.
 inline int max_active_clusters(const void* kernel, int ctas, int threads) {
   if (!has_sm90_code(kernel)) return 0;
-  static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, int> known;
-  const std::pair<const void*, int> key{kernel, at::cuda::current_device()};
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto it = known.find(key);
-  if (it != known.end()) return it->second;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(ctas));
-  cfg.blockDim = dim3(static_cast<unsigned>(threads));
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(ctas);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int clusters = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
-  return known[key] = clusters;
+  return cached_per_kernel<int>(kernel, ctas, [&] {
+    cudaLaunchAttribute attr{};
+    const cudaLaunchConfig_t cfg = cluster_launch_config(
+        static_cast<unsigned>(ctas), static_cast<unsigned>(threads), static_cast<unsigned>(ctas),
+        nullptr, attr);
+    int clusters = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+    return clusters;
+  });
 }
 
 }  // namespace tokensampler::cuda
