@@ -86,6 +86,43 @@ def test_adapter_distribution_matches_reference(name, params):
 
 @pytest.mark.cuda
 @needs_fi
+@pytest.mark.parametrize("name", ["flashinfer", "flashinfer_full"])
+def test_adapter_rows_with_a_pos_inf_z_take_their_argmax(name):
+    """FlashInfer's softmax makes a row with a +inf z NaN, and its draw there differed between
+    identical calls (run 55): the adapters give the row's argmax, here its one +inf z (a +inf
+    logit; a finite logit past fp32's range over T), every call, in sample and in rejection
+    verify."""
+    backend = ts.create_backend(name, cfg("cuda"))
+    slots = [1, 2, 3, 4]
+    params = [ts.SamplingParams(seed=s, temperature=0.5, top_k=10, top_p=0.9) for s in slots]
+    req = torch.tensor(slots, dtype=torch.int32, device="cuda")
+    lengths = torch.zeros(9, dtype=torch.int32, device="cuda")
+    gen = torch.Generator().manual_seed(5)
+
+    def with_pos_inf_rows(rows):
+        logits = torch.randn(rows, V, generator=gen)
+        logits[0, 7] = float("inf")
+        logits[1, 11] = 3e38  # z = x / 0.5 overflows to +inf
+        return logits.cuda()
+
+    backend.prepare_step([f"r{s}" for s in slots], slots, params)
+    for _ in range(3):
+        tokens, _ = backend.sample(ts.LogitsProcessorOutput(with_pos_inf_rows(4)),
+                                   ts.SamplingBatchInfo(req, lengths, V, "cuda"))
+        assert tokens[:2].tolist() == [7, 11]
+    backend.prepare_step([f"r{s}" for s in slots], slots, params, num_tokens_per_req=4)
+    candidates = torch.randint(12, V, (4, 4), generator=gen, dtype=torch.int32).cuda()
+    draft_probs = torch.softmax(torch.randn(4, 3, V, generator=gen), -1).cuda()
+    for _ in range(3):
+        predict, _ = backend.verify(
+            ts.LogitsProcessorOutput(with_pos_inf_rows(16)),
+            ts.SamplingBatchInfo(req, lengths, V, "cuda", draft_probs=draft_probs), candidates)
+        # row 0 (request 0's first): the draft (never 7) is rejected for the one-hot at 7
+        assert predict[0].item() == 7
+
+
+@pytest.mark.cuda
+@needs_fi
 def test_full_adapter_penalties_and_bias_distribution():
     params = dict(temperature=1.0, top_k=25, repetition_penalty=1.5, frequency_penalty=0.4,
                   presence_penalty=0.3, logit_bias={3: 2.5, 4: -1.0})

@@ -55,7 +55,7 @@ void argmax_rows(const at::Tensor& logits, at::Tensor& out_tokens,
                              static_cast<int32_t>(logits.size(1)),
                              out_tokens.data_ptr<int32_t>(),
                              out_invalid ? out_invalid->data_ptr<bool>() : nullptr};
-    // The largest cluster whose rows fit in one wave (a block per row from there on).
+    // The largest cluster whose rows fit in one wave, all resident at once (else a block a row).
     if (!launch_clusters<T, 8>(call, rows, stream) &&
         !launch_clusters<T, 4>(call, rows, stream) &&
         !launch_clusters<T, 2>(call, rows, stream)) {

@@ -172,7 +172,7 @@ __device__ __forceinline__ void finish_row(const T* __restrict__ logits, const A
         sm.buf, m, p, z_max, argmax.z == INFINITY, sm.scan_storage, sm.keep_count);
     token = sample_kept_set<kThreads>(kept_set, p, sm.scratch);
     if (fabsf(z_max) == FLT_MAX) {
-      // Ties at +-FLT_MAX (scaled_group): as on the CPU, a z past +FLT_MAX (+inf there) wins
+      // Ties at +-FLT_MAX (edge_ids_of): as on the CPU, a z past +FLT_MAX (+inf there) wins
       // over every other token, and at -FLT_MAX a z of exactly -FLT_MAX over one past it (-inf
       // there); each kind's lowest id wins (DESIGN §5). Verify rows leave these to the walker.
       const int32_t edge = z_max > 0.0f ? past_max_id : at_lowest_id;

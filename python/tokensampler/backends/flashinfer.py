@@ -147,13 +147,14 @@ class _FlashInferMixin:
         argmax, invalid = self._argmax[:rows], self._rows(rows).invalid
         torch.ops.tokensampler.argmax_rows(processed, argmax, None, invalid)
         invalid |= ~readable  # a slot outside the pool: token 0, flagged (DESIGN §5)
-        # A row with a +inf logit has NaN probabilities after FlashInfer's softmax, and its draw
-        # is whatever the kernel leaves (it differed between identical calls on an H200, run
-        # 55): such a row takes its first +inf token, as it would with one +inf entry.
-        pos_inf = processed.gather(1, argmax.long().unsqueeze(1)).squeeze(1) == float("inf")
+        # A row with a +inf z (a +inf logit, or a finite one past fp32's range over T) has NaN
+        # probabilities after FlashInfer's softmax, and its draw is whatever the kernel leaves
+        # (it differed between identical calls on an H200, run 55): such a row takes its
+        # argmax, whose z is +inf, as it would with one +inf entry.
+        pos_inf = z.gather(1, argmax.long().unsqueeze(1)).squeeze(1) == float("inf")
         token = torch.where(greedy | pos_inf, argmax, sampled.to(torch.int32))
         out.copy_(token.masked_fill(invalid, 0))
-        return processed, z, p
+        return z, pos_inf, p
 
     def _sample_rows(self, logits, sampling_info, n, candidates, out) -> None:
         logits = self._masked(logits, sampling_info)
@@ -170,16 +171,17 @@ class _FlashInferMixin:
         logits = self._masked(logits, sampling_info)
         rows, (bs, n) = logits.size(0), candidates.shape
         target = self._rows(rows).target
-        _, z, (_, top_k, top_p, min_p, greedy, seed, offset, readable) = self._draw(
+        z, pos_inf, (_, top_k, top_p, min_p, greedy, seed, offset, readable) = self._draw(
             logits, sampling_info, n, candidates, target)
         probs = self._filtered_probs(z, top_k, top_p, min_p)
         # Greedy rows put all mass on their argmax; invalid rows (no finite logit) on token 0,
-        # and rows with a +inf logit (NaN probs after FlashInfer's softmax) on their first +inf
-        # token, as `sample` gives them: their target. So FlashInfer reads a distribution on
-        # every row (a NaN row made chain_speculative_sampling emit arbitrary ids, run 53).
+        # and rows with a +inf z (NaN probs after FlashInfer's softmax) on their argmax, as
+        # `sample` gives them: their target. So FlashInfer reads a distribution on every row (a
+        # NaN row made chain_speculative_sampling emit arbitrary ids, run 53); any other NaN row
+        # too, should one get through.
         one_hot = torch.zeros_like(probs).scatter_(1, target.long().unsqueeze(1), 1.0)
         invalid = self._rows(rows).invalid
-        no_distribution = greedy | invalid | probs.isnan().any(1)
+        no_distribution = greedy | invalid | pos_inf | probs.isnan().any(1)
         probs = torch.where(no_distribution.unsqueeze(1), one_hot, probs)
         accepted, emitted = self._accepted[:bs], self._emitted[:bs]
         accepted.zero_()
