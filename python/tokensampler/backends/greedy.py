@@ -6,6 +6,7 @@ import torch
 
 from .. import _C
 from ..batch import LogitsProcessorOutput, SamplingBatchInfo
+from ..logprobs import raw_logprobs_at
 from ..params import SamplingParams
 from .base import SamplingBackend
 from .slot_params import bias_field, penalty_field, to_slot_params
@@ -16,13 +17,14 @@ __all__ = ["GreedySamplingBackend"]
 class GreedySamplingBackend(SamplingBackend):
     def __init__(self, config) -> None:
         super().__init__(config)
-        # With logprobs, steps run the sampling kernels: one kernel gives each row's argmax,
-        # invalid flag, logprob (raw, or processed: 0.0) and top-N, where torch ops took ~30
-        # launches and ~10 passes over the logits. The kernels read a row's parameters from a
-        # slot table: here one slot, of a greedy request, that every row reads (all rows
-        # greedy: the no-filter route). Without logprobs, argmax_rows is the whole step.
+        # Without logprobs, argmax_rows is the whole step; with raw logprobs, the raw_logprobs
+        # op follows it (the tokens' logprobs and top-N in one pass of chunk kernels, where the
+        # sampling kernels paid a log-sum-exp term per token on top of it: run 55). Processed
+        # logprobs (0.0 at the argmax) run the sampling kernels, which read a row's parameters
+        # from a slot table: here one slot, of a greedy request, that every row reads (all
+        # rows greedy: the no-filter route).
         self._greedy_table = None
-        if self._wants_logprobs:
+        if self._wants_logprobs and self.config.logprobs_mode == "processed":
             config = self.config
             slots = _C.SlotStateManager(pool_rows=1, vocab_size=config.vocab_size,
                                         history_capacity=0, bias_capacity=0, with_min_p=False,
@@ -35,11 +37,10 @@ class GreedySamplingBackend(SamplingBackend):
             self._slot_length = torch.zeros(1, dtype=torch.int32, device=self.device)
 
     def _uses_kernel_workspace(self, config) -> bool:
-        # Read by the split-row path (raw logprobs; processed ones take the one-block kernel)
-        # and by the top-N kernels.
-        return config.torch_device.type == "cuda" and (
-            config.top_logprobs_num > 0
-            or (config.enable_output_logprobs and config.logprobs_mode == "raw"))
+        # Read by sample_rows' top-N kernels (processed logprobs; the rows themselves take the
+        # one-block kernel). The raw_logprobs op takes its scratch from the allocator.
+        return (config.torch_device.type == "cuda" and config.top_logprobs_num > 0
+                and config.logprobs_mode == "processed")
 
     def _check_applicable(self, sp: SamplingParams, rid: str) -> None:
         # Penalties and bias change which token is the argmax, and this backend keeps no
@@ -69,6 +70,9 @@ class GreedySamplingBackend(SamplingBackend):
         views = self._rows(out.numel())
         if self._greedy_table is None:
             torch.ops.tokensampler.argmax_rows(logits, out, bitmask, views.invalid)
+            if self._wants_logprobs:  # raw
+                raw_logprobs_at(logits, out, views.logprobs, views.top_values, views.top_ids,
+                                bitmask)
             return
         torch.ops.tokensampler.sample_rows(
             logits, self._slot_of_every_row, self._slot_length, self._greedy_table, 0, 0,
