@@ -112,11 +112,11 @@ def test_greedy_verify_on_cuda():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("V", [50257, 151936])
 def test_greedy_logprobs_match_cpu(mode, top_n, dtype, V):
-    """With logprobs the greedy backend runs the sampling kernels on one greedy slot: sample and
-    verify, under a grammar bitmask, give the CPU's tokens, verify targets, invalid flags and
-    top-N ids exactly and its logprobs to 1e-4 (-inf exactly). Raw logprobs without top-N take
-    the split-row path (the single launch at one row, whose tickets each backend's second step
-    reuses), the other modes the one-block kernel; every shape holds an invalid row."""
+    """With logprobs the greedy backend runs argmax_rows and the raw_logprobs op (raw), or the
+    sampling kernels on one greedy slot (processed: the one-block kernel, then the top-N
+    kernels): sample and verify, under a grammar bitmask, give the CPU's tokens, verify targets,
+    invalid flags and top-N ids exactly and its logprobs to 1e-4 (-inf exactly); every shape
+    holds an invalid row, and each backend steps twice at one row."""
     gen = torch.Generator().manual_seed(V + top_n)
     words = (V + 31) // 32
     backends = {device: ts.create_backend("greedy", ts.SamplingBackendConfig(
