@@ -40,8 +40,7 @@ __device__ __forceinline__ int32_t greedy_verdict(int32_t argmax, int32_t draft,
                                                   uint64_t seed, int64_t position) {
   const unsigned long long mass = top_p_mass(0.0f, 0.0f);
   const double p_draft = draft == argmax ? kept_probability(mass, mass) : 0.0;
-  const double coin = uniform_coin(seed, position, kStreamAcceptCoin);
-  return coin * static_cast<double>(draft_probability(q[draft])) < p_draft ? kVerdictAccept : argmax;
+  return draft_accepted(seed, position, q[draft], p_draft) ? kVerdictAccept : argmax;
 }
 
 // The verdict of a filtered row with draft `draft` (a token) and draft probabilities q (the
@@ -62,19 +61,15 @@ __device__ __noinline__ int32_t rejection_verdict(const KeptSet kept, int32_t dr
   }
   total = block_sum<kThreads>(total, red_u);
   draft_mass = block_sum<kThreads>(draft_mass, red_u);
-  const double coin = uniform_coin(seed, position, kStreamAcceptCoin);
-  if (coin * static_cast<double>(draft_probability(q[draft])) < kept_probability(draft_mass, total))
+  if (draft_accepted(seed, position, q[draft], kept_probability(draft_mass, total)))
     return kVerdictAccept;
   Candidate best{kNegInf, kNoId};
   for (int j = threadIdx.x; j < kept.count; j += kThreads) {
     if (!kept.has(j)) continue;
     const int32_t id = kept.buf[j].id;
-    const double residual =
-        kept_probability(kept.mass(j), total) - static_cast<double>(draft_probability(q[id]));
-    if (!(residual > 0.0)) continue;
-    const float score =
-        f_add(residual_log_weight(residual), gumbel_noise(seed, position, id, kStreamResidual));
-    best = best_of(best, Candidate{score, id});
+    float score;
+    if (residual_score(kept_probability(kept.mass(j), total), q[id], seed, position, id, score))
+      best = best_of(best, Candidate{score, id});
   }
   best = block_best<kThreads>(best, scratch);
   return best.id != kNoId ? best.id : target;

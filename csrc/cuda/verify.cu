@@ -221,12 +221,10 @@ __global__ void __launch_bounds__(kSampleThreads)
     __syncthreads();
     if (threadIdx.x == 0) {
       double p_draft = 0.0;
-      const float q_draft = draft_probability(qrow[draft]);
       float z;
       const float l = q.kind == kRowGreedy ? 0.0f : load_processed(x, row, sm, draft);
       if (kept_z(q, row, draft, l, z)) p_draft = kept_probability(top_p_mass(z, q.z_max), total);
-      const double coin = uniform_coin(row.seed, t + j, kStreamAcceptCoin);
-      decision = coin * static_cast<double>(q_draft) < p_draft ? 1 : 0;
+      decision = draft_accepted(row.seed, t + j, qrow[draft], p_draft) ? 1 : 0;
       if (decision) predict[j] = draft;
     }
     __syncthreads();
@@ -237,12 +235,10 @@ __global__ void __launch_bounds__(kSampleThreads)
       float z;
       const float l = q.kind == kRowGreedy ? 0.0f : load_processed(x, row, sm, i);
       if (!kept_z(q, row, i, l, z)) continue;
-      const double residual = kept_probability(top_p_mass(z, q.z_max), total) -
-                              static_cast<double>(draft_probability(qrow[i]));
-      if (!(residual > 0.0)) continue;
-      const float score =
-          f_add(residual_log_weight(residual), gumbel_noise(row.seed, t + j, i, kStreamResidual));
-      best = best_of(best, Candidate{score, i});
+      float score;
+      if (residual_score(kept_probability(top_p_mass(z, q.z_max), total), qrow[i], row.seed,
+                         t + j, i, score))
+        best = best_of(best, Candidate{score, i});
     }
     best = block_best(best, sm);
     const int32_t token = best.id < V ? best.id : target_token();

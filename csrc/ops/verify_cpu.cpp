@@ -40,10 +40,8 @@ int32_t sample_residual(const RowDistribution& dist, const std::vector<double>& 
   float best_score = 0.0f;
   for (size_t k = 0; k < dist.kept.size(); ++k) {
     const int32_t i = dist.kept[k];
-    const double residual = p[k] - double(draft_probability(q[i]));
-    if (!(residual > 0.0)) continue;
-    const float score = f_add(residual_log_weight(residual),
-                              gumbel_noise(seed, position, i, kStreamResidual));
+    float score;
+    if (!residual_score(p[k], q[i], seed, position, i, score)) continue;
     if (best < 0 || ranks_before(score, i, best_score, best)) {
       best = i;
       best_score = score;
@@ -105,8 +103,7 @@ void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indic
       double p_draft = 0.0;
       for (size_t k = 0; k < dist.kept.size(); ++k)
         if (dist.kept[k] == draft) p_draft = p[k];
-      const double coin = uniform_coin(row.seed(), t + j, kStreamAcceptCoin);
-      if (coin * double(draft_probability(q[draft])) < p_draft) {
+      if (draft_accepted(row.seed(), t + j, q[draft], p_draft)) {
         predict[b * n + j] = draft;
         continue;
       }

@@ -120,6 +120,24 @@ TS_HD double kept_probability(uint64_t mass, uint64_t kept_total) {
 
 TS_HD float residual_log_weight(double residual) { return portable_log(static_cast<float>(residual)); }
 
+// §4's accept test, the one every verify kernel runs: the draft stays when coin * q(draft) <
+// p(draft), coin the position's uniform and q as draft_probability reads it.
+TS_HD bool draft_accepted(uint64_t seed, int64_t position, float q_draft, double p_draft) {
+  const double coin = uniform_coin(seed, position, kStreamAcceptCoin);
+  return coin * static_cast<double>(draft_probability(q_draft)) < p_draft;
+}
+
+// §4's residual draw: a kept token of target probability p and draft probability q scores
+// log(p - q) plus its residual noise where p - q > 0 (true, into `score`); elsewhere it takes no
+// part (false).
+TS_HD bool residual_score(double p, float q, uint64_t seed, int64_t position, int32_t token,
+                          float& score) {
+  const double residual = p - static_cast<double>(draft_probability(q));
+  if (!(residual > 0.0)) return false;
+  score = f_add(residual_log_weight(residual), gumbel_noise(seed, position, token, kStreamResidual));
+  return true;
+}
+
 // §3.6 min-p threshold on z: keep z >= z_max + ln(min_p). min_p <= 0 keeps everything.
 TS_HD float min_p_threshold(float z_max, float min_p) {
   return min_p > 0.0f ? f_add(z_max, portable_log(min_p)) : kNegInf;
