@@ -10,7 +10,7 @@
 namespace tokensampler::cuda {
 
 // Called by every thread of the row's block (thread 0 writes). The top-N of such a row are
-// raw_logprobs_kernel.cuh's (write_unreadable_top).
+// raw_logprobs_kernel.cuh's (write_unreadable_outputs).
 __device__ __forceinline__ void write_unreadable_row(int64_t r, int32_t* out_tokens, bool* out_invalid,
                                                      float* out_logprobs) {
   if (threadIdx.x == 0) {

@@ -130,14 +130,23 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
   if (rows == 0) return;
   const c10::cuda::CUDAGuard guard(logits.device());
   const SlotLayout layout = slot_layout_of(slot_table, history_capacity, bias_capacity);
+  // With top-N, the raw logprobs of the sampled tokens come from the top-N kernels, which read
+  // the raw stats anyway: the sampling kernels then skip their log-sum-exp of every token.
+  const bool raw_with_top = top_n > 0 && out_logprobs && logprobs_mode == 0;
+  const std::optional<at::Tensor> no_logprobs;
   const SampleRowsCall call{logits, req_pool_indices, valid_cache_lengths, slot_table, layout,
                             tokens_per_req, candidates, apply_penalties, logprobs_mode,
                             static_cast<Route>(route), max_top_k,
-                            out_tokens, out_invalid, out_logprobs, workspace, token_bitmask};
+                            out_tokens, out_invalid,
+                            raw_with_top ? no_logprobs : out_logprobs, workspace, token_bitmask};
   if (!split_row::try_sample(call) && !histogram_cut::try_sample(call))
     launch_one_block_per_row(call);
   if (top_n > 0) {  // §3.8's top-N raw logprobs: rows in chunks, after the sampling kernels
     raw_logprobs::Args t{};
+    if (raw_with_top) {
+      t.tokens = out_tokens.data_ptr<int32_t>();
+      t.out_logprobs = out_logprobs->data_ptr<float>();
+    }
     t.row_stride = logits.stride(0);
     t.token_bitmask = bitmask_rows(token_bitmask);
     t.vocab = static_cast<int32_t>(logits.size(1));
