@@ -6,22 +6,31 @@
 // times (small batches read it from L2) and finished by one block:
 //   1. stats: the argmax of the processed logits (z_max), the +inf count, raw log-sum-exp
 //      partials; top-p rows also their winner, the best z + G over all tokens;
+//   1a-b. in large steps (decide), top-p rows whose winner passes min-p: float sums of the
+//      masses of all tokens and of those ranked before the winner; a row where they prove
+//      the winner kept (surely_kept: about a fraction p of rows) is done, and the others go
+//      on to kernel 2, spread over its whole grid;
 //   2. histogram (top-p / top-k rows): counts and masses of the row's tokens in bins of 1/64
 //      nat below z_max. Masses are the integers of row_rules.h's top_p_mass, summed per block in
 //      32-bit halves (native shared atomics) and per row in 64 bits, so the sums are exact and
 //      every run, batch and block size finds the same cut;
-//   3. select: every block finds the cut bin (the first whose cumulative mass reaches p times
+//   2b. cut (one block per row): the cut bin (the first whose cumulative mass reaches p times
 //      the total, or whose cumulative count reaches k). A top-p row whose winner passes min-p
 //      and lies below the cut bin is done: the winner is kept, so it is the kept set's best,
-//      and kernels 3 and 4 skip its cut. Otherwise tokens above the cut bin are surely kept:
-//      the block keeps the best z + G among them (and the min-p threshold). Tokens in the cut
-//      bin (top-k rows: in it or above it) go to a per-row list;
+//      and kernels 3 and 4 skip its cut. The other top-p rows are listed for kernel 3;
+//   3. select: tokens above the cut bin are surely kept: a block keeps the best z + G among
+//      them (and the min-p threshold). Tokens in the cut bin (top-k rows: in it or above it) go
+//      to a per-row list. Min-p and top-k rows take their own chunks; the listed top-p rows (a
+//      fraction 1 - p of them) are spread over every block of the grid, so they do not keep
+//      the kernel as long as whole chunks would;
 //   4. finish: sorts the list into rank order and resolves the cut exactly (top-p: kept while
 //      the mass before a token is below the limit; top-k: the first k, then top-p over their
 //      masses; both as the CPU reference; then min-p), and takes the best z + G.
 // Rows this cannot finish exactly (+inf logits, raw or after bias; z_max past fp32's range; a
 // list over kCutCap; top-k over kCountCutMaxK)
 // run the one-block-per-row kernel's code (sample_kernel.cuh) inside the finish kernel.
+// Every kernel is launched with programmatic dependent launch (split_row::launch) and waits for
+// the one ahead of it before its first global-memory access.
 // Kernels 1–3 read whole chunks, so each comes in two instantiations picked at launch (as the
 // split-row chunk kernel): kMasked for a step with a grammar bitmask, and one without any
 // bitmask code for a step without.
@@ -50,11 +59,37 @@ constexpr int kFinishThreads = 1024; // the one-block-per-row kernel's block siz
 constexpr int32_t kMaxChunkTokens = 65532;
 static_assert(uint64_t{kMaxChunkTokens} * 65536 < (uint64_t{1} << 32));
 constexpr int32_t kMaxVocab = split_row::kMaxSplits * kMaxChunkTokens;  // 4.2 M; larger: one block per row
+constexpr int64_t kDecideMinRows = 64;  // top-p steps of this many rows or more decide (kernels 1a-b)
+constexpr int64_t kPdlMaxRows = 256;    // steps of fewer rows launch with PDL
+
+struct CutBin {
+  int bin;                    // tokens in lower bins are kept, in higher ones dropped
+  unsigned long long before;  // mass (or count) of the lower bins
+  unsigned long long limit;   // top-p: top_p_limit of the total mass; top-k: k
+};
+
+// A mass-cut or count-cut row's cut (kernel 2b), or its kept winner (kernel 1b or 2b), read by
+// kernels 2b, 3 and 4.
+struct RowCut {
+  CutBin cut;
+  int32_t winner_id;    // mass-cut rows whose winner is kept (the row's token); else kNoId
+  int32_t spread_slot;  // mass-cut rows it did not finish: their index in spread_rows; else -1
+  bool found;           // written this step (kernel 1 clears it); a row without runs the fallback
+};
 
 struct Args : split_row::Args {
   int32_t* bin_counts;              // [rows, kBins]
   unsigned long long* bin_masses;   // [rows, kBins]
   int32_t* cut_count;               // [rows] tokens appended to the cut list
+  RowCut* row_cuts;                 // [rows]
+  int32_t* spread_rows;             // [rows] mass-cut rows that kernel 3 spreads over its grid
+  int32_t* spread_count;            // how many (kernel 1 clears it)
+  Candidate* spread_best;           // [chunks] kernel 3: the best z + G of a block's share
+  // Steps that decide top-p rows before the histogram (decide: large batches).
+  bool decide;
+  float2* mass_sums;                // [chunks] kernel 1a: a chunk's float mass sums (total, before)
+  int32_t* hist_rows;               // [rows] top-p rows kernel 2 spreads over its grid
+  int32_t* hist_count;              // how many (kernel 1 clears it)
 };
 
 enum Kind : int { kInvalid, kGreedy, kFallback, kNoCut, kMassCut, kCountCut };
@@ -139,12 +174,6 @@ __device__ RowStats merge_stats(const Args& a, int64_t r, Candidate* scratch, in
   s.inf_count = split_row::block_count<kThreads>(inf_count, red, parity);
   return s;
 }
-
-struct CutBin {
-  int bin;                    // tokens in lower bins are kept, in higher ones dropped
-  unsigned long long before;  // mass (or count) of the lower bins
-  unsigned long long limit;   // top-p: top_p_limit of the total mass; top-k: k
-};
 
 template <int kThreads>
 struct CutSmem {
@@ -251,6 +280,8 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   __shared__ int32_t red_n[kChunkThreads / 32];
   __shared__ split_row::BlockBest best_seen;
   const Chunk c = chunk_of(a);
+  split_row::wait_for_prior_grids();
+  if (blockIdx.x == 0 && threadIdx.x == 0) *a.spread_count = *a.hist_count = 0;
   const RowParams p = split_row::row_params(a, c.r);
   if (!p.valid_slot) return;
   const int32_t split = blockIdx.x % a.splits;
@@ -260,7 +291,10 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
       a.bin_masses[c.r * kBins + b] = 0;
     }
   }
-  if (split == 0 && threadIdx.x == 0) a.cut_count[c.r] = 0;
+  if (split == 0 && threadIdx.x == 0) {
+    a.cut_count[c.r] = 0;
+    a.row_cuts[c.r].found = false;
+  }
   if (threadIdx.x == 0) best_seen.reset();
   const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);  // syncs
   const bool top_p_row = !p.greedy && !p.top_k_on && p.top_p < 1.0f;
@@ -349,31 +383,166 @@ __device__ __forceinline__ float processed_group(float (&x)[4], int32_t i, const
                                   raw_s, nullptr);
 }
 
-// Kernel 2 (top-p and top-k rows): the chunk's histogram, added to the row's.
+// Kernel 1a (steps with decide; mass-cut rows whose winner passes min-p): per chunk, in floats,
+// S = the sum of e^(x / T - M) over its tokens and B = the same over those ranked before the
+// winner, M the row's largest z (both estimated as x * (1 / T)). Kernel 1b bounds the row's
+// integer masses by them (surely_kept): most rows keep their winner and need no histogram.
+// Written per chunk and added in chunk order: no float atomics, the same sums every run.
+// Relative error bounds. kernel 1a's sums: __expf is within 2 + 1.173 |a| ulp (CUDA guide), 48
+// ulp where a term counts (|a| <= 40); its argument is rounded once (40 * 2^-24); a thread adds
+// at most 256 terms (kMaxChunkTokens / kChunkThreads), the block 13 partials more, each add
+// 2^-24: 2.5e-5 in all, a tenth of the bound. portable_exp: < 2e-7 (DESIGN §3, step 6).
+constexpr double kSumError = 0x1p-12;
+constexpr double kExpError = 0x1p-20;
+static_assert((kMaxChunkTokens + kChunkThreads - 1) / kChunkThreads <= 256, "kSumError counts 256 terms a thread");
+
+// Delta: how far x * (1 / T) - M can be from the rule's d = z - z_max for a token with a mass
+// (|z| <= |z_max| + 24): each z estimate within 2^-23 of it, M within 2^-22 of z_max, d rounded.
+__device__ __forceinline__ double estimate_slack(float z_max) {
+  return (2.0 * fabs(static_cast<double>(z_max)) + 40.0) * 0x1p-22 + 40.0 * 0x1p-24;
+}
+
+// Rows kernels 1a-b decide: a winner that passes min-p, and estimates close enough to bound the
+// masses by (|z_max| below about 2^11).
+__device__ __forceinline__ bool decidable(const RowWinner& w, float z_max, float m,
+                                          const RowParams& p) {
+  return w.best.id != kNoId && w.z >= min_p_threshold(z_max, p.min_p) && isfinite(m) &&
+         estimate_slack(z_max) < 0x1p-10;
+}
+
+// Whether the winner is kept, proven from kernel 1a's sums S (total) and B (before), or false.
+// The rule (row_rules.h): masses m = floor(E(d) 2^32) for d > -23, E = portable_exp; kept iff
+// the mass before the winner is below top_p_limit(p, T), T the total, monotone in T. Each term of
+// the sums is e^a (1 +- kSumError) with |a - d| <= Delta where the mass is not 0; the tokens with
+// d <= -23 add at most V e^-22 to S. So T >= 2^32 (the argmax's mass) and
+//   T >= (1 - kExpError) 2^32 e^-Delta (S / (1 + kSumError) - V e^-22) - V,
+//   before <= (1 + kExpError) 2^32 e^Delta B / (1 - kSumError),
+// each evaluated in double with a 2^-40 margin for its own rounding.
+__device__ __forceinline__ bool surely_kept(double total, double before, float z_max, float top_p,
+                                           int32_t vocab) {
+  const double slack = exp(estimate_slack(z_max)), unit = 0x1p32, v = vocab;
+  const double total_lo = fmax(unit, ((1.0 - kExpError) * unit / slack *
+                                          (total / (1.0 + kSumError) - v * exp(-22.0)) - v) *
+                                         (1.0 - 0x1p-40));
+  const double before_hi = (1.0 + kExpError) * unit * slack * before / (1.0 - kSumError) *
+                           (1.0 + 0x1p-40);
+  if (!(total_lo < 0x1p62) || !(before_hi < 0x1p62)) return false;
+  return before_hi < static_cast<double>(top_p_limit(top_p, static_cast<uint64_t>(total_lo)));
+}
+
 template <typename T, bool kMasked>
 __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
-    histogram_kernel(const T* __restrict__ logits, Args a) {
+    mass_sums_kernel(const T* __restrict__ logits, Args a) {
   extern __shared__ __align__(16) uint32_t bitmap[];
-  // The block's bin sums in 32-bit words, so every add is a native shared atomic (a 64-bit one is
-  // a compare-and-swap loop): count rows count tokens in `low`; mass rows add each mass's low 16
-  // bits to `low` and the rest to `high` (kMaxChunkTokens: neither wraps).
-  __shared__ uint32_t low[kBins], high[kBins];
   __shared__ Candidate scratch[kChunkThreads / 32];
   __shared__ int32_t red[2 * kChunkThreads / 32];
+  __shared__ float red_total[kChunkThreads / 32], red_before[kChunkThreads / 32];
   const Chunk c = chunk_of(a);
+  split_row::wait_for_prior_grids();
   const RowParams p = split_row::row_params(a, c.r);
   if (!p.valid_slot || !uses_histogram(p)) return;
   const RowStats s = merge_stats<kChunkThreads>(a, c.r, scratch, red);
-  const int kind = kind_of(p, s.argmax.z, s.inf_count);
-  if (kind != kMassCut && kind != kCountCut) return;
-  const bool by_mass = kind == kMassCut;
+  if (kind_of(p, s.argmax.z, s.inf_count) != kMassCut) return;
   const float z_max = scaled_logit(s.argmax.z, p.temperature);
+  const RowWinner w = merge_winner<kChunkThreads>(a, c.r, scratch);
+  const float inv_t = 1.0f / p.temperature;
+  const float m = s.argmax.z * inv_t;
+  if (!decidable(w, z_max, m, p)) return;
+  const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);  // syncs
+  // Ranked before the winner: z > z_w, or z == z_w and a lower id (raw-logit thresholds).
+  auto z_of = [&](float x) { return x == kNegInf ? kNegInf : scaled_logit(x, p.temperature); };
+  const float x_above = lowest_logit_where([&](float x) { return z_of(x) > w.z; }, w.z * p.temperature);
+  const float x_tied = lowest_logit_where([&](float x) { return z_of(x) >= w.z; }, w.z * p.temperature);
+
+  const split_row::Args quiet = without_raw(a);
+  float total = 0.0f, before = 0.0f;
+  split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
+    if (processed_group(x, i, c, quiet, bitmap, pen) == kNegInf) return;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float e = __expf(fmaf(x[q], inv_t, -m));  // 0 for x = -inf
+      total += e;
+      if (x[q] >= x_above || (x[q] >= x_tied && i + q < w.best.id)) before += e;
+    }
+  });
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    total += __shfl_xor_sync(0xffffffffu, total, o);
+    before += __shfl_xor_sync(0xffffffffu, before, o);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    red_total[threadIdx.x >> 5] = total;
+    red_before[threadIdx.x >> 5] = before;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float t = 0.0f, b = 0.0f;
+    for (int j = 0; j < kChunkThreads / 32; ++j) {
+      t += red_total[j];
+      b += red_before[j];
+    }
+    a.mass_sums[blockIdx.x] = make_float2(t, b);
+  }
+}
+
+// Kernel 1b (steps with decide; one block per mass-cut row): a row whose winner surely_kept by
+// kernel 1a's sums is done; the others are listed for kernel 2's histogram.
+__global__ void __launch_bounds__(kChunkThreads) decide_kernel(Args a) {
+  __shared__ Candidate scratch[kChunkThreads / 32];
+  __shared__ int32_t red[2 * kChunkThreads / 32];
+  const int64_t r = blockIdx.x;
+  split_row::wait_for_prior_grids();
+  const RowParams p = split_row::row_params(a, r);
+  if (!p.valid_slot || !uses_histogram(p)) return;
+  const RowStats s = merge_stats<kChunkThreads>(a, r, scratch, red);
+  if (kind_of(p, s.argmax.z, s.inf_count) != kMassCut) return;
+  const float z_max = scaled_logit(s.argmax.z, p.temperature);
+  const RowWinner w = merge_winner<kChunkThreads>(a, r, scratch);
+  if (threadIdx.x != 0) return;
+  bool kept = false;
+  if (decidable(w, z_max, s.argmax.z * (1.0f / p.temperature), p)) {
+    double total = 0.0, before = 0.0;  // in chunk order
+    for (int32_t j = 0; j < a.splits; ++j) {
+      total += a.mass_sums[r * a.splits + j].x;
+      before += a.mass_sums[r * a.splits + j].y;
+    }
+    kept = surely_kept(total, before, z_max, p.top_p, a.vocab);
+  }
+  if (kept) {
+    a.row_cuts[r] = RowCut{CutBin{kBins, 0, 0}, w.best.id, -1, true};
+  } else {
+    const int32_t slot = atomicAdd(a.hist_count, 1);
+    a.hist_rows[slot] = static_cast<int32_t>(r);
+  }
+}
+
+// A spread row's share of a grid (kernels 2 and 3): the blocks b with b % n == slot (n rows in
+// `rows`) take equal consecutive ranges of its tokens, 1024 at least (a block's start costs about
+// as much as reading that many), so the last of them may have none.
+__device__ __forceinline__ Chunk spread_share(const Args& a, const int32_t* rows, int32_t n) {
+  const int32_t slot = static_cast<int32_t>(blockIdx.x) % n;
+  const int32_t share = static_cast<int32_t>(blockIdx.x) / n;
+  const int32_t shares = (static_cast<int32_t>(gridDim.x) - 1 - slot) / n + 1;
+  const int32_t len = max(((a.vocab + shares - 1) / shares + 3) / 4 * 4, 1024);
+  const int32_t begin = static_cast<int32_t>(min(int64_t{share} * len, int64_t{a.vocab}));
+  return Chunk{rows[slot], begin, min(a.vocab, begin + len)};
+}
+
+// Kernel 2's work on tokens [c.begin, c.end) of row c.r: their histogram, added to the row's.
+// `low` and `high` hold the block's bin sums in 32-bit words, so every add is a native shared
+// atomic (a 64-bit one is a compare-and-swap loop): count rows count tokens in `low`; mass rows
+// add each mass's low 16 bits to `low` and the rest to `high` (kMaxChunkTokens: neither wraps).
+// Syncs.
+template <typename T, bool kMasked>
+__device__ void histogram_range(const T* __restrict__ logits, const Args& a, const Chunk& c,
+                                const RowParams& p, bool by_mass, float z_max, uint32_t* bitmap,
+                                uint32_t* low, uint32_t* high) {
+  __syncthreads();  // the bins' previous range is flushed
   for (int b = threadIdx.x; b < kBins; b += kChunkThreads) {
     low[b] = 0;
     high[b] = 0;
   }
-  const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);
-  __syncthreads();
+  const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);  // syncs
 
   const split_row::Args quiet = without_raw(a);
   split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
@@ -404,28 +573,77 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   }
 }
 
-// Kernel 3: the best z + G of the chunk's surely kept tokens (into results[].best), and the
-// cut bin's tokens appended to the row's list.
+// Kernel 2: count-cut rows (and mass-cut rows of a step without decide) take their own chunk;
+// then, in a step with decide, every block takes its share of a top-p row kernels 1a-b did not
+// keep (spread_share over hist_rows).
 template <typename T, bool kMasked>
 __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
-    select_kernel(const T* __restrict__ logits, Args a) {
+    histogram_kernel(const T* __restrict__ logits, Args a) {
   extern __shared__ __align__(16) uint32_t bitmap[];
+  __shared__ uint32_t low[kBins], high[kBins];
   __shared__ Candidate scratch[kChunkThreads / 32];
   __shared__ int32_t red[2 * kChunkThreads / 32];
-  __shared__ CutSmem<kChunkThreads> cut_sm;
-  __shared__ split_row::BlockBest best_seen;
   const Chunk c = chunk_of(a);
+  split_row::wait_for_prior_grids();
   const RowParams p = split_row::row_params(a, c.r);
-  if (!p.valid_slot || p.greedy) return;
-  const RowStats s = merge_stats<kChunkThreads>(a, c.r, scratch, red);
+  if (p.valid_slot && uses_histogram(p)) {
+    const RowStats s = merge_stats<kChunkThreads>(a, c.r, scratch, red);
+    const int kind = kind_of(p, s.argmax.z, s.inf_count);
+    if (kind == kCountCut || (kind == kMassCut && !a.decide))
+      histogram_range<T, kMasked>(logits, a, c, p, kind == kMassCut,
+                                  scaled_logit(s.argmax.z, p.temperature), bitmap, low, high);
+  }
+  if (!a.decide) return;
+  const int32_t n = *a.hist_count;
+  if (n == 0) return;
+  const Chunk share = spread_share(a, a.hist_rows, n);
+  if (share.begin >= share.end) return;
+  const RowParams q = split_row::row_params(a, share.r);
+  const RowStats s = merge_stats<kChunkThreads>(a, share.r, scratch, red);
+  histogram_range<T, kMasked>(logits, a, share, q, true, scaled_logit(s.argmax.z, q.temperature),
+                              bitmap, low, high);
+}
+
+// Kernel 2b (one block per row with a cut): the cut bin, and for top-p rows whether the winner
+// is kept; the rows it does not finish are listed for kernel 3 to spread.
+__global__ void __launch_bounds__(kChunkThreads) cut_kernel(Args a) {
+  __shared__ CutSmem<kChunkThreads> cut_sm;
+  __shared__ Candidate scratch[kChunkThreads / 32];
+  __shared__ int32_t red[2 * kChunkThreads / 32];
+  const int64_t r = blockIdx.x;
+  split_row::wait_for_prior_grids();
+  const RowParams p = split_row::row_params(a, r);
+  if (!p.valid_slot || !uses_histogram(p)) return;
+  const RowStats s = merge_stats<kChunkThreads>(a, r, scratch, red);
   const int kind = kind_of(p, s.argmax.z, s.inf_count);
-  if (kind != kNoCut && kind != kMassCut && kind != kCountCut) return;
-  const float z_max = scaled_logit(s.argmax.z, p.temperature);
+  if (kind != kMassCut && kind != kCountCut) return;
+  if (kind == kMassCut && a.decide && a.row_cuts[r].found) return;  // kernel 1b kept its winner
+  const CutBin cut = find_cut<kChunkThreads>(a, r, kind == kMassCut, p.top_k, p.top_p, cut_sm);
+  int32_t winner_id = kNoId;
+  if (kind == kMassCut) {
+    const float z_max = scaled_logit(s.argmax.z, p.temperature);
+    const RowWinner w = merge_winner<kChunkThreads>(a, r, scratch);
+    if (winner_is_kept(w, cut, z_max, min_p_threshold(z_max, p.min_p))) winner_id = w.best.id;
+  }
+  if (threadIdx.x == 0) {
+    int32_t slot = -1;
+    if (kind == kMassCut && winner_id == kNoId) {
+      slot = atomicAdd(a.spread_count, 1);
+      a.spread_rows[slot] = static_cast<int32_t>(r);
+    }
+    a.row_cuts[r] = RowCut{cut, winner_id, slot, true};
+  }
+}
+
+// Kernel 3's work on tokens [c.begin, c.end) of row c.r (a cut row, or a min-p row: no cut): the
+// best z + G of the surely kept tokens, returned to every thread; the cut bin's tokens appended
+// to the row's list. Syncs.
+template <typename T, bool kMasked>
+__device__ Candidate select_range(const T* __restrict__ logits, const Args& a, const Chunk& c,
+                                  const RowParams& p, int kind, const CutBin& cut, float z_max,
+                                  uint32_t* bitmap, Candidate* scratch,
+                                  split_row::BlockBest& best_seen) {
   const float tau = min_p_threshold(z_max, p.min_p);
-  CutBin cut{kBins, 0, 0};
-  if (kind != kNoCut) cut = find_cut<kChunkThreads>(a, c.r, kind == kMassCut, p.top_k, p.top_p, cut_sm);
-  if (kind == kMassCut && winner_is_kept(merge_winner<kChunkThreads>(a, c.r, scratch), cut, z_max, tau))
-    return;
   // Mass cut: bins below the cut are surely kept, the cut bin is listed. Count cut: the cut bin
   // and everything above it is listed (the finish kernel needs the whole top-k set in order).
   const int sure_below = kind == kMassCut ? cut.bin : kind == kNoCut ? kBins : 0;
@@ -500,8 +718,45 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
             listed[q], Candidate{listed[q] ? z_of(x[q]) : kNegInf, i + q}, list, &a.cut_count[c.r]);
     }
   });
-  best = block_best<kChunkThreads>(best, scratch);
-  if (threadIdx.x == 0) a.results[blockIdx.x].best = best;
+  return block_best<kChunkThreads>(best, scratch);
+}
+
+// Kernel 3: min-p rows (no cut) and count-cut rows take their own chunk: its surely kept best
+// into results[].best. Then every block takes its share of a spread row (spread_share): its
+// best into spread_best[block].
+template <typename T, bool kMasked>
+__global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
+    select_kernel(const T* __restrict__ logits, Args a) {
+  extern __shared__ __align__(16) uint32_t bitmap[];
+  __shared__ Candidate scratch[kChunkThreads / 32];
+  __shared__ int32_t red[2 * kChunkThreads / 32];
+  __shared__ split_row::BlockBest best_seen;
+  const Chunk c = chunk_of(a);
+  split_row::wait_for_prior_grids();
+  const RowParams p = split_row::row_params(a, c.r);
+  if (p.valid_slot && !p.greedy) {
+    const RowStats s = merge_stats<kChunkThreads>(a, c.r, scratch, red);
+    const int kind = kind_of(p, s.argmax.z, s.inf_count);
+    if (kind == kNoCut || (kind == kCountCut && a.row_cuts[c.r].found)) {
+      const CutBin cut = kind == kNoCut ? CutBin{kBins, 0, 0} : a.row_cuts[c.r].cut;
+      const Candidate best = select_range<T, kMasked>(logits, a, c, p, kind, cut,
+                                                      scaled_logit(s.argmax.z, p.temperature),
+                                                      bitmap, scratch, best_seen);
+      if (threadIdx.x == 0) a.results[blockIdx.x].best = best;
+    }
+  }
+  const int32_t n = *a.spread_count;
+  if (n == 0) return;
+  const Chunk share = spread_share(a, a.spread_rows, n);
+  Candidate best{kNegInf, kNoId};
+  if (share.begin < share.end) {  // a mass-cut row (cut_kernel)
+    const RowParams q = split_row::row_params(a, share.r);
+    const RowStats s = merge_stats<kChunkThreads>(a, share.r, scratch, red);
+    best = select_range<T, kMasked>(logits, a, share, q, kMassCut, a.row_cuts[share.r].cut,
+                                    scaled_logit(s.argmax.z, q.temperature), bitmap, scratch,
+                                    best_seen);
+  }
+  if (threadIdx.x == 0) a.spread_best[blockIdx.x] = best;
 }
 
 // Kernel 4: one block per row.
@@ -510,7 +765,7 @@ struct FinishSmem {
     SampleSmem generic;  // fallback rows
     Candidate list[kCutCap];  // cut rows; top-k rows scan top-p masses in the tail past k
   };
-  CutSmem<kFinishThreads> cut_sm;
+  typename MassScan<kFinishThreads>::TempStorage scan;
   Candidate scratch[kFinishThreads / 32];
   int32_t red[2 * kFinishThreads / 32];
   float red_m[kFinishThreads / 32], red_s[kFinishThreads / 32];
@@ -533,6 +788,7 @@ template <typename T>
 __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restrict__ logits, Args a) {
   __shared__ FinishSmem sm;
   const int64_t r = blockIdx.x;
+  split_row::wait_for_prior_grids();
   const RowParams p = split_row::row_params(a, r);
   if (!p.valid_slot) {
     write_unreadable_row(r, a.out_tokens, a.out_invalid, a.out_logprobs);
@@ -549,17 +805,22 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
     raw_s = a.results[r * a.splits + threadIdx.x].raw_sum;
   }
   int kind = kind_of(p, argmax.z, inf_count);
-  CutBin cut{kBins, 0, 0};
-  RowWinner winner{Candidate{kNegInf, kNoId}, kNegInf};
-  if (kind == kMassCut) {
-    cut = find_cut<kFinishThreads>(a, r, true, p.top_k, p.top_p, sm.cut_sm);
-    winner = merge_winner<kFinishThreads>(a, r, sm.scratch);
+  RowCut rc{CutBin{kBins, 0, 0}, kNoId, -1, false};
+  if (kind == kMassCut || kind == kCountCut) {
+    rc = a.row_cuts[r];
+    if (!rc.found) kind = kFallback;  // a step whose route does not cover the row's filters
   }
+  const CutBin& cut = rc.cut;
   const float z_max = scaled_logit(argmax.z, p.temperature);
-  const bool winner_kept =  // kernel 3 skipped the row
-      kind == kMassCut && winner_is_kept(winner, cut, z_max, min_p_threshold(z_max, p.min_p));
-  if (kind == kNoCut || (kind == kMassCut && !winner_kept)) {
+  const bool winner_kept = kind == kMassCut && rc.winner_id != kNoId;  // kernel 3 skipped it
+  if (kind == kNoCut) {
     if (threadIdx.x < a.splits) best = a.results[r * a.splits + threadIdx.x].best;
+    best = block_best<kFinishThreads>(best, sm.scratch);
+  } else if (kind == kMassCut && !winner_kept) {  // spread: kernel 3's blocks b = slot mod n
+    const int32_t n = *a.spread_count, blocks = static_cast<int32_t>(gridDim.x) * a.splits;
+    for (int32_t b = rc.spread_slot + n * static_cast<int32_t>(threadIdx.x); b < blocks;
+         b += n * kFinishThreads)
+      best = best_of(best, a.spread_best[b]);
     best = block_best<kFinishThreads>(best, sm.scratch);
   }
   const int32_t listed = (kind == kMassCut && !winner_kept) || kind == kCountCut ? a.cut_count[r] : 0;
@@ -573,7 +834,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
   } else if (kind == kNoCut) {
     token = best.id;
   } else if (winner_kept) {
-    token = winner.best.id;
+    token = rc.winner_id;
   } else if (kind == kMassCut || kind == kCountCut) {
     const int n = split_row::next_pow2(max(listed, 1));
     const Candidate* src = a.chunk_candidates + r * kCutCap;
@@ -585,7 +846,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
       // Kept while the mass before a token (lower bins, then the list in rank order) is below
       // the limit, and min-p.
       const split_row::RankedMasses<kFinishThreads, kCutCap / kFinishThreads> masses(
-          sm.list, listed, z_max, sm.cut_sm.scan);
+          sm.list, listed, z_max, sm.scan);
       const int keep = masses.kept(listed, cut.before, cut.limit);
       // The listed tokens compete with `best`, the surely kept tokens' best score.
       const float tau = min_p_threshold(z_max, p.min_p);

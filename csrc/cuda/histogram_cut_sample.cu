@@ -20,44 +20,65 @@ bool try_sample(const SampleRowsCall& c) {
   static_cast<split_row::Args&>(a) = split_row::common_args(c);
   split_row::set_chunks(a, rows, split_row::kMaxSplits, kMaxChunkTokens);
 
-  // Chunk results, cut lists, histogram masses and counts, list lengths.
-  static_assert(split_row::kMaxSplits * sizeof(ChunkResult) + kCutCap * sizeof(Candidate) +
-                    kBins * (sizeof(unsigned long long) + sizeof(int32_t)) + sizeof(int32_t) <=
+  // Chunk results, cut lists, histogram masses and counts, list lengths, row cuts, spread rows
+  // (and their count behind them), the spread blocks' best, mass sums, histogram rows (and
+  // their count).
+  static_assert(split_row::kMaxSplits * (sizeof(ChunkResult) + sizeof(Candidate) + sizeof(float2)) +
+                    kCutCap * sizeof(Candidate) +
+                    kBins * (sizeof(unsigned long long) + sizeof(int32_t)) + sizeof(int32_t) +
+                    sizeof(RowCut) + 4 * sizeof(int32_t) <=
                 kSectionBytesPerRow);
   at::Tensor storage;
-  const auto sections = split_row::workspace_sections<5>(
-      c, {rows * a.splits * int64_t{sizeof(ChunkResult)}, rows * kCutCap * int64_t{sizeof(Candidate)},
+  const int64_t chunks = rows * a.splits;
+  const auto sections = split_row::workspace_sections<10>(
+      c, {chunks * int64_t{sizeof(ChunkResult)}, rows * kCutCap * int64_t{sizeof(Candidate)},
           rows * kBins * int64_t{sizeof(unsigned long long)}, rows * kBins * int64_t{sizeof(int32_t)},
-          rows * int64_t{sizeof(int32_t)}},
+          rows * int64_t{sizeof(int32_t)}, rows * int64_t{sizeof(RowCut)},
+          (rows + 1) * int64_t{sizeof(int32_t)}, chunks * int64_t{sizeof(Candidate)},
+          chunks * int64_t{sizeof(float2)}, (rows + 1) * int64_t{sizeof(int32_t)}},
       storage);
   a.results = reinterpret_cast<ChunkResult*>(sections[0]);
   a.chunk_candidates = reinterpret_cast<Candidate*>(sections[1]);
   a.bin_masses = reinterpret_cast<unsigned long long*>(sections[2]);
   a.bin_counts = reinterpret_cast<int32_t*>(sections[3]);
   a.cut_count = reinterpret_cast<int32_t*>(sections[4]);
+  a.row_cuts = reinterpret_cast<RowCut*>(sections[5]);
+  a.spread_rows = reinterpret_cast<int32_t*>(sections[6]);
+  a.spread_count = a.spread_rows + rows;
+  a.spread_best = reinterpret_cast<Candidate*>(sections[7]);
+  a.mass_sums = reinterpret_cast<float2*>(sections[8]);
+  a.hist_rows = reinterpret_cast<int32_t*>(sections[9]);
+  a.hist_count = a.hist_rows + rows;
+  // Deciding top-p rows from float sums first costs two launches and a read of every row: worth
+  // it where every row is top-p and the histogram read is long (H100 run 60: top-p bs 128 -17 %,
+  // but mixed batches +5-14 %, bs 32 +2 %); small batches are latency-bound.
+  a.decide = c.route == Route::kTopP && rows >= kDecideMinRows;
 
   const size_t bitmap_smem = c.apply_penalties ? kPenaltyBitmapWords * sizeof(uint32_t) : 0;
-  const auto stream = at::cuda::getCurrentCUDAStream();
-  const unsigned chunks = static_cast<unsigned>(rows * a.splits);
   const bool masked = a.token_bitmask.words != nullptr;  // kMasked: unmasked steps skip its code
-  auto launch = [&](auto tag) {
+  // Programmatic dependent launch hides the 4-7 kernel boundaries where a step is short; at
+  // 512 rows it cost min-p and mixed batches 3-7 % (H100 run 61), so long steps launch plainly.
+  const bool pdl = split_row::use_pdl() && rows < kPdlMaxRows;
+  auto run = [&](auto tag) {
     using T = decltype(tag);
     const T* x = c.logits.data_ptr<T>();
     const auto stats_fn = masked ? stats_kernel<T, true> : stats_kernel<T, false>;
     const auto histogram_fn = masked ? histogram_kernel<T, true> : histogram_kernel<T, false>;
     const auto select_fn = masked ? select_kernel<T, true> : select_kernel<T, false>;
-    stats_fn<<<chunks, kChunkThreads, bitmap_smem, stream>>>(x, a);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    if (histogram_rows) {
-      histogram_fn<<<chunks, kChunkThreads, bitmap_smem, stream>>>(x, a);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const auto mass_sums_fn = masked ? mass_sums_kernel<T, true> : mass_sums_kernel<T, false>;
+    split_row::launch(stats_fn, chunks, kChunkThreads, bitmap_smem, pdl, x, a);
+    if (a.decide) {
+      split_row::launch(mass_sums_fn, chunks, kChunkThreads, bitmap_smem, pdl, x, a);
+      split_row::launch(decide_kernel, rows, kChunkThreads, 0, pdl, a);
     }
-    select_fn<<<chunks, kChunkThreads, bitmap_smem, stream>>>(x, a);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    finish_kernel<T><<<static_cast<unsigned>(rows), kFinishThreads, 0, stream>>>(x, a);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (histogram_rows) {
+      split_row::launch(histogram_fn, chunks, kChunkThreads, bitmap_smem, pdl, x, a);
+      split_row::launch(cut_kernel, rows, kChunkThreads, 0, pdl, a);
+    }
+    split_row::launch(select_fn, chunks, kChunkThreads, bitmap_smem, pdl, x, a);
+    split_row::launch(finish_kernel<T>, rows, kFinishThreads, 0, pdl, x, a);
   };
-  dispatch_logits_dtype(c.logits.scalar_type(), launch);
+  dispatch_logits_dtype(c.logits.scalar_type(), run);
   return true;
 }
 

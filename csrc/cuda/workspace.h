@@ -9,7 +9,7 @@
 namespace tokensampler::cuda {
 
 constexpr int64_t kWorkspaceAlign = 256;        // every section starts on this boundary
-constexpr int64_t kWorkspaceSections = 5;       // the most sections a path carves
+constexpr int64_t kWorkspaceSections = 10;       // the most sections a path carves
 constexpr int64_t kWorkspaceBytesPerRow = 64 * 1024;
 // Of each row's share, the bytes the sections may use; the rest (4 bytes a row) holds the
 // single-launch kernel's per-row tickets, in an area no section ever covers (below).
