@@ -141,6 +141,11 @@ def raw_logprobs_cases(device):
                torch.empty(3, top_n, dtype=torch.float32, device=device) if top_n else None,
                torch.empty(3, top_n, dtype=torch.int64, device=device) if top_n else None,
                None if mask is None else mask.to(device))
+    # request 1's slot (9) outside a 4-row pool: its row is written without a read
+    yield (_logits(3, device), _int32([5, 2, 63], device),
+           torch.empty(3, dtype=torch.float32, device=device),
+           torch.empty(3, 2, dtype=torch.float32, device=device),
+           torch.empty(3, 2, dtype=torch.int64, device=device), None, _int32([0, 9, 1], device), 1, 4)
 
 
 CASES = {
@@ -234,6 +239,10 @@ def _bad_variants():
     yield "raw_logprobs", "short tokens", [lp[0], lp[1][:2]] + lp[2:]
     yield "raw_logprobs", "top-N without ids", lp[:4] + [None, lp[5]]
     yield "raw_logprobs", "bitmask rows", lp[:5] + [lp[5][:2]]
+    s = list(list(raw_logprobs_cases("cpu"))[2])  # with req_pool_indices
+    yield "raw_logprobs", "short req_pool_indices", s[:6] + [s[6][:2]] + s[7:]
+    yield "raw_logprobs", "tokens_per_req 2 of 3 rows", s[:7] + [2, s[8]]
+    yield "raw_logprobs", "negative pool_rows", s[:8] + [-1]
     a = list(next(argmax_rows_cases("cpu")))
     yield "argmax_rows", "3-D logits", [a[0].detach().view(1, 3, V), a[1]]
     yield "argmax_rows", "int32 out_invalid", [a[0].detach(), a[1], None,

@@ -58,8 +58,11 @@ void raw_logprobs_op(const at::Tensor& logits, const at::Tensor& tokens,
                      const std::optional<at::Tensor>& out_logprobs,
                      const std::optional<at::Tensor>& out_top_values,
                      const std::optional<at::Tensor>& out_top_ids,
-                     const std::optional<at::Tensor>& token_bitmask) {
-  check_raw_logprobs_args(logits, tokens, out_logprobs, out_top_values, out_top_ids, token_bitmask);
+                     const std::optional<at::Tensor>& token_bitmask,
+                     const std::optional<at::Tensor>& req_pool_indices, int64_t tokens_per_req,
+                     int64_t pool_rows) {
+  check_raw_logprobs_args(logits, tokens, out_logprobs, out_top_values, out_top_ids, token_bitmask,
+                          req_pool_indices, tokens_per_req, pool_rows);
   const int32_t top_n = out_top_values ? static_cast<int32_t>(out_top_values->size(1)) : 0;
   if (logits.size(0) == 0 || (!out_logprobs && top_n == 0)) return;
   const c10::cuda::CUDAGuard guard(logits.device());
@@ -72,6 +75,11 @@ void raw_logprobs_op(const at::Tensor& logits, const at::Tensor& tokens,
   a.out_top_values = top_n > 0 ? out_top_values->data_ptr<float>() : nullptr;
   a.out_top_ids = top_n > 0 ? out_top_ids->data_ptr<int64_t>() : nullptr;
   a.top_n = top_n;
+  if (req_pool_indices) {
+    a.req_pool_indices = req_pool_indices->data_ptr<int32_t>();
+    a.tokens_per_req = static_cast<int32_t>(tokens_per_req);
+    a.pool_rows = pool_rows;
+  }
   raw_logprobs::launch(logits, a, std::nullopt);
 }
 

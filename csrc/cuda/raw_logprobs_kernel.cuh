@@ -116,9 +116,13 @@ __device__ __forceinline__ void write_row(const Args& a, int64_t r, const Logits
 }
 
 // A row read nowhere (its slot outside the pool): the outputs of a row with no finite logit, a
-// -inf logprob and the top N -inf at ids 0..N-1.
+// -inf logprob (NaN for a token outside [0, V): the row emitted none) and the top N -inf at ids
+// 0..N-1.
 __device__ __forceinline__ void write_unreadable_outputs(const Args& a, int64_t r) {
-  if (a.out_logprobs != nullptr && threadIdx.x == 0) a.out_logprobs[r] = kNegInf;
+  if (a.out_logprobs != nullptr && threadIdx.x == 0) {
+    const int32_t token = a.tokens[r];
+    a.out_logprobs[r] = token >= 0 && token < a.vocab ? kNegInf : __int_as_float(0x7fc00000);  // NaN
+  }
   for (int32_t n = threadIdx.x; n < a.top_n; n += kThreads) {
     a.out_top_values[r * a.top_n + n] = kNegInf;
     a.out_top_ids[r * a.top_n + n] = n;

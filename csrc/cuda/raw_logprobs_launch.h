@@ -29,8 +29,9 @@ struct Args {
   float* out_top_values;      // [rows, top_n]
   int64_t* out_top_ids;
   int32_t top_n;
-  // sample_rows: a row whose request's slot lies outside the pool gets the top-N of a row with
-  // no finite logit (-inf at ids 0..N-1) without a read. Null: every row readable.
+  // A row whose request's slot lies outside the pool (sample_rows; the op given
+  // req_pool_indices) gets the outputs of a row with no finite logit without a read. Null:
+  // every row readable.
   const int32_t* req_pool_indices;
   int32_t tokens_per_req;
   int64_t pool_rows;

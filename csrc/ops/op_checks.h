@@ -162,17 +162,30 @@ inline void check_sample_rows_outputs(const at::Tensor& logits,
   }
 }
 
+// Rows come tokens_per_req to a request: returns the requests, rows / tokens_per_req.
+inline c10::SymInt requests_of(const c10::SymInt& rows, int64_t tokens_per_req) {
+  TORCH_CHECK_VALUE(tokens_per_req >= 1 && holds(rows % tokens_per_req == 0), "logits rows ",
+                    rows, " is not a multiple of tokens_per_req=", tokens_per_req);
+  return rows / tokens_per_req;
+}
+
 // raw_logprobs: tokens int32 [rows] and the logprob outputs sample_rows takes (with neither, the
-// op writes nothing).
+// op writes nothing); req_pool_indices int32 [rows / tokens_per_req] at least.
 inline void check_raw_logprobs_args(const at::Tensor& logits, const at::Tensor& tokens,
                                     const std::optional<at::Tensor>& out_logprobs,
                                     const std::optional<at::Tensor>& out_top_values,
                                     const std::optional<at::Tensor>& out_top_ids,
-                                    const std::optional<at::Tensor>& token_bitmask) {
+                                    const std::optional<at::Tensor>& token_bitmask,
+                                    const std::optional<at::Tensor>& req_pool_indices,
+                                    int64_t tokens_per_req, int64_t pool_rows) {
   check_logits(logits);
   check_int32_vector(tokens, "tokens", logits.sym_size(0), logits.device());
   check_sample_rows_outputs(logits, out_logprobs, out_top_values, out_top_ids);
   check_token_bitmask(token_bitmask, logits);
+  if (!req_pool_indices) return;
+  const c10::SymInt bs = requests_of(logits.sym_size(0), tokens_per_req);
+  TORCH_CHECK_VALUE(pool_rows >= 0, "pool_rows must be >= 0, got ", pool_rows);
+  check_int32_vector(*req_pool_indices, "req_pool_indices", bs, logits.device());
 }
 
 // The shared shape checks of sample_rows and verify_rejection.
@@ -185,9 +198,7 @@ inline void check_sample_rows_args(const at::Tensor& logits, const at::Tensor& r
   check_logits(logits);
   const auto device = logits.device();
   const c10::SymInt rows = logits.sym_size(0);
-  TORCH_CHECK_VALUE(tokens_per_req >= 1 && holds(rows % tokens_per_req == 0), "logits rows ",
-                    rows, " is not a multiple of tokens_per_req=", tokens_per_req);
-  const c10::SymInt bs = rows / tokens_per_req;
+  const c10::SymInt bs = requests_of(rows, tokens_per_req);
   check_int32_vector(req_pool_indices, "req_pool_indices", bs, device);
   check_slot_table(slot_table, history_capacity, bias_capacity, device);
   check_int32_vector(valid_cache_lengths, "valid_cache_lengths", slot_table.sym_size(0), device);
@@ -241,16 +252,14 @@ inline void check_penalize_args(const at::Tensor& logits, const at::Tensor& req_
                                 const at::Tensor& out) {
   check_logits(logits);
   const auto device = logits.device();
-  const c10::SymInt rows = logits.sym_size(0);
-  TORCH_CHECK_VALUE(tokens_per_req >= 1 && holds(rows % tokens_per_req == 0), "logits rows ",
-                    rows, " is not a multiple of tokens_per_req=", tokens_per_req);
-  check_int32_vector(req_pool_indices, "req_pool_indices", rows / tokens_per_req, device);
+  const c10::SymInt bs = requests_of(logits.sym_size(0), tokens_per_req);
+  check_int32_vector(req_pool_indices, "req_pool_indices", bs, device);
   check_slot_table(slot_table, history_capacity, bias_capacity, device);
   TORCH_CHECK_TYPE(out.scalar_type() == at::kFloat, "out must be float32");
   TORCH_CHECK_VALUE(same_sizes(out, logits) && holds(out.sym_is_contiguous()) &&
                         out.device() == device,
                     "out must be a contiguous float32 tensor shaped like logits");
-  if (candidates) check_candidates(*candidates, rows / tokens_per_req, tokens_per_req, device);
+  if (candidates) check_candidates(*candidates, bs, tokens_per_req, device);
 }
 
 inline void check_min_p_threshold_args(const at::Tensor& z_max, const at::Tensor& min_p,

@@ -18,17 +18,26 @@ void raw_logprobs(const at::Tensor& logits, const at::Tensor& tokens,
                   const std::optional<at::Tensor>& out_logprobs,
                   const std::optional<at::Tensor>& out_top_values,
                   const std::optional<at::Tensor>& out_top_ids,
-                  const std::optional<at::Tensor>& token_bitmask) {
-  check_raw_logprobs_args(logits, tokens, out_logprobs, out_top_values, out_top_ids, token_bitmask);
+                  const std::optional<at::Tensor>& token_bitmask,
+                  const std::optional<at::Tensor>& req_pool_indices, int64_t tokens_per_req,
+                  int64_t pool_rows) {
+  check_raw_logprobs_args(logits, tokens, out_logprobs, out_top_values, out_top_ids, token_bitmask,
+                          req_pool_indices, tokens_per_req, pool_rows);
   const auto x = logits.to(at::kFloat).contiguous();
   const int64_t rows = x.size(0);
   const int32_t V = static_cast<int32_t>(x.size(1));
   const int32_t top_n = out_top_values ? static_cast<int32_t>(out_top_values->size(1)) : 0;
   const BitmaskRows masks = bitmask_rows(token_bitmask);
+  const int32_t* slots = req_pool_indices ? req_pool_indices->data_ptr<int32_t>() : nullptr;
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       RowDistribution d;
-      d.raw = read_raw_row(x.data_ptr<float>() + r * V, masks.row(r), V);
+      // A row whose slot lies outside the pool is read as one with no finite logit (DESIGN §5).
+      const int32_t slot = slots ? slots[r / tokens_per_req] : 0;
+      if (slots && (slot < 0 || slot >= pool_rows))
+        d.raw.assign(V, -std::numeric_limits<float>::infinity());
+      else
+        d.raw = read_raw_row(x.data_ptr<float>() + r * V, masks.row(r), V);
       const RawNormalizer norm = raw_log_normalizer(d);
       if (out_logprobs) {
         const int32_t token = tokens.data_ptr<int32_t>()[r];

@@ -77,8 +77,11 @@ void raw_logprobs_meta(const at::Tensor& logits, const at::Tensor& tokens,
                        const std::optional<at::Tensor>& out_logprobs,
                        const std::optional<at::Tensor>& out_top_values,
                        const std::optional<at::Tensor>& out_top_ids,
-                       const std::optional<at::Tensor>& token_bitmask) {
-  check_raw_logprobs_args(logits, tokens, out_logprobs, out_top_values, out_top_ids, token_bitmask);
+                       const std::optional<at::Tensor>& token_bitmask,
+                       const std::optional<at::Tensor>& req_pool_indices, int64_t tokens_per_req,
+                       int64_t pool_rows) {
+  check_raw_logprobs_args(logits, tokens, out_logprobs, out_top_values, out_top_ids, token_bitmask,
+                          req_pool_indices, tokens_per_req, pool_rows);
 }
 
 void min_p_threshold_meta(const at::Tensor& z_max, const at::Tensor& min_p, at::Tensor& out) {
@@ -187,10 +190,14 @@ TORCH_LIBRARY(tokensampler, m) {
   // kernels (rejection verify, the FlashInfer adapters): out_logprobs[r] = the raw log-softmax
   // of row r at tokens[r] (NaN where tokens[r] is outside [0, V): the row emitted no token) and
   // the row's top-N (values, ids) in rank order, by the sampling kernels' rule (+inf rows, no
-  // finite logit, ties to the lower id). One read of each row.
+  // finite logit, ties to the lower id). One read of each row. With req_pool_indices (one slot
+  // per tokens_per_req rows), a row whose slot lies outside [0, pool_rows) is not read: it gets
+  // a row's outputs with no finite logit (-inf at its token, top-N -inf at ids 0..N-1), as the
+  // sampling kernels write them (DESIGN §5).
   m.def(
       "raw_logprobs(Tensor logits, Tensor tokens, Tensor(a!)? out_logprobs, "
-      "Tensor(b!)? out_top_values, Tensor(c!)? out_top_ids, Tensor? token_bitmask=None) -> ()");
+      "Tensor(b!)? out_top_values, Tensor(c!)? out_top_ids, Tensor? token_bitmask=None, "
+      "Tensor? req_pool_indices=None, int tokens_per_req=1, int pool_rows=0) -> ()");
   // Adds the first accept_length[b] tokens of tokens[b*n : b*n+n] to slot b's output history.
   m.def(
       "append_history(Tensor(a!) slot_table, int history_capacity, int bias_capacity, "

@@ -42,12 +42,16 @@ def raw_logprob_given(x: torch.Tensor, row_max: torch.Tensor, sum_exp: torch.Ten
 
 def raw_logprobs_at(logits: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor | None,
                     top_values: torch.Tensor | None, top_ids: torch.Tensor | None,
-                    token_bitmask: torch.Tensor | None = None) -> None:
+                    token_bitmask: torch.Tensor | None = None,
+                    req_pool_indices: torch.Tensor | None = None, tokens_per_req: int = 1,
+                    pool_rows: int = 0) -> None:
     """Writes the raw logprob of each row's token (int32 [rows]; NaN for a token outside
     [0, V), a row that emitted none) into logprobs[:rows] and the rows' top-N (values, ids) into
     top_values / top_ids[:rows], where given: the `raw_logprobs` op, under the grammar bitmask,
-    by the sampling kernels' rule (on CUDA, rows cut into chunks whose top N are merged)."""
+    by the sampling kernels' rule (on CUDA, rows cut into chunks whose top N are merged). With
+    req_pool_indices (a slot per tokens_per_req rows), rows whose slot lies outside
+    [0, pool_rows) are written as the kernels write them (DESIGN §5), without a read."""
     if logprobs is None and top_values is None:
         return
     torch.ops.tokensampler.raw_logprobs(logits, tokens, logprobs, top_values, top_ids,
-                                        token_bitmask)
+                                        token_bitmask, req_pool_indices, tokens_per_req, pool_rows)

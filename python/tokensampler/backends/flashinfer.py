@@ -25,7 +25,6 @@ import torch
 
 from .. import _C
 from ..batch import LogitsProcessorOutput, SamplingBatchInfo
-from ..logprobs import raw_logprobs_at
 from .gumbel import GumbelSamplingBackend
 from .gumbel_full import GumbelFullSamplingBackend
 
@@ -158,10 +157,9 @@ class _FlashInferMixin:
 
     def _sample_rows(self, logits, sampling_info, n, candidates, out) -> None:
         logits = self._masked(logits, sampling_info)
-        _, _, p = self._draw(logits, sampling_info, n, candidates, out)
+        self._draw(logits, sampling_info, n, candidates, out)
         if self._wants_logprobs:
-            raw_logprobs_at(logits, out, self._logprobs, self._top_values, self._top_ids)
-            self._unreadable_logprobs(p.readable)
+            self._emitted_logprobs(logits, sampling_info, None, out, n)  # logits: masked above
 
     def verify(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo,
                candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,7 +169,7 @@ class _FlashInferMixin:
         logits = self._masked(logits, sampling_info)
         rows, (bs, n) = logits.size(0), candidates.shape
         target = self._rows(rows).target
-        z, pos_inf, (_, top_k, top_p, min_p, greedy, seed, offset, readable) = self._draw(
+        z, pos_inf, (_, top_k, top_p, min_p, greedy, seed, offset, _) = self._draw(
             logits, sampling_info, n, candidates, target)
         probs = self._filtered_probs(z, top_k, top_p, min_p)
         # Greedy rows put all mass on their argmax; invalid rows (no finite logit) on token 0,
@@ -202,7 +200,7 @@ class _FlashInferMixin:
         end_chains_at_invalid_rows(predict, accept, invalid)
         self._record_history(sampling_info, predict, accept, n)
         if self._wants_logprobs:
-            self._emitted_logprobs(logits, None, predict, readable)  # logits: masked above
+            self._emitted_logprobs(logits, sampling_info, None, predict, n)  # logits: masked above
         self._publish_logprobs(logits_output, rows)
         return predict, accept
 

@@ -263,29 +263,29 @@ class GumbelSamplingBackend(SamplingBackend):
         """_readable_slots of the step's bs requests, for each of their n rows."""
         return self._readable_slots(sampling_info.req_pool_indices[:bs]).repeat_interleave(n)
 
-    def _unreadable_logprobs(self, readable: torch.Tensor, emitted: torch.Tensor | None = None) -> None:
+    def _unreadable_logprobs(self, readable: torch.Tensor) -> None:
         """The logprob outputs of rows whose slot is outside the pool, as the kernels write them
-        (README: those of a row with no finite logit): -inf where the row emitted a token (all
-        rows unless `emitted` says), and top-N -inf at ids 0..N-1. Graph-safe torch ops."""
+        (README: those of a row with no finite logit): -inf at the row's token, and top-N -inf
+        at ids 0..N-1. Graph-safe torch ops, for logprobs computed without the ops (the
+        vocab-parallel sampler)."""
         rows = readable.numel()
         unreadable = ~readable
         if self._logprobs is not None:
-            self._logprobs[:rows].masked_fill_(unreadable if emitted is None else unreadable & emitted,
-                                               float("-inf"))
+            self._logprobs[:rows].masked_fill_(unreadable, float("-inf"))
         if self._top_values is not None:
             self._top_values[:rows].masked_fill_(unreadable.unsqueeze(1), float("-inf"))
             ids = torch.arange(self._top_ids.size(1), device=self.device).expand(rows, -1)
             self._top_ids[:rows].copy_(torch.where(unreadable.unsqueeze(1), ids, self._top_ids[:rows]))
 
-    def _emitted_logprobs(self, logits: torch.Tensor, token_bitmask: torch.Tensor | None,
-                          predict: torch.Tensor, readable: torch.Tensor) -> None:
-        """DESIGN §3.8 for rejection-sampling verify, whose kernels emit tokens only: each row's
-        raw logprob at its token, NaN for the rows past a request's accepted tokens (predict -1:
-        they hold none), and every row's top-N, under the grammar bitmask (the raw_logprobs
-        op); rows not `readable` (their slot outside the pool) as the kernels write them."""
-        raw_logprobs_at(logits, predict, self._logprobs, self._top_values, self._top_ids,
-                        token_bitmask)
-        self._unreadable_logprobs(readable, predict >= 0)
+    def _emitted_logprobs(self, logits: torch.Tensor, sampling_info: SamplingBatchInfo,
+                          token_bitmask: torch.Tensor | None, tokens: torch.Tensor, n: int) -> None:
+        """DESIGN §3.8 for the paths whose kernels emit tokens only (rejection-sampling verify,
+        the FlashInfer adapters): each row's raw logprob at its token, NaN for rows past a
+        request's accepted tokens (token -1: they hold none), and every row's top-N, under the
+        grammar bitmask; rows whose slot is outside the pool as the kernels write them (all in
+        the raw_logprobs op)."""
+        raw_logprobs_at(logits, tokens, self._logprobs, self._top_values, self._top_ids,
+                        token_bitmask, sampling_info.req_pool_indices, n, self.config.pool_rows)
 
     def _route_args(self) -> tuple[int, int]:
         """The ops' (route, max_top_k): the step's route, and for top-k routes its largest k
@@ -329,8 +329,8 @@ class GumbelSamplingBackend(SamplingBackend):
                 predict, accept, self._rows(rows).invalid, sampling_info.token_bitmask,
                 self._workspace)
             if self._wants_logprobs:
-                self._emitted_logprobs(logits, sampling_info.token_bitmask, predict,
-                                       self._readable_rows(sampling_info, bs, n))
+                self._emitted_logprobs(logits, sampling_info, sampling_info.token_bitmask,
+                                       predict, n)
         else:
             target = self._rows(rows).target
             self._sample_rows(logits, sampling_info, n, candidates, target)
