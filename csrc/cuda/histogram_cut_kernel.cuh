@@ -6,7 +6,7 @@
 // times (small batches read it from L2) and finished by one block:
 //   1. stats: the argmax of the processed logits (z_max), the +inf count, raw log-sum-exp
 //      partials; top-p rows also their winner, the best z + G over all tokens;
-//   1a-b. in large steps (decide), top-p rows whose winner passes min-p: float sums of the
+//   1a-b. in large top-p steps (decide), rows whose winner passes min-p: float sums of the
 //      masses of all tokens and of those ranked before the winner; a row where they prove
 //      the winner kept (surely_kept: about a fraction p of rows) is done, and the others go
 //      on to kernel 2, spread over its whole grid;
@@ -29,8 +29,8 @@
 // Rows this cannot finish exactly (+inf logits, raw or after bias; z_max past fp32's range; a
 // list over kCutCap; top-k over kCountCutMaxK)
 // run the one-block-per-row kernel's code (sample_kernel.cuh) inside the finish kernel.
-// Every kernel is launched with programmatic dependent launch (split_row::launch) and waits for
-// the one ahead of it before its first global-memory access.
+// Steps of fewer than kPdlMaxRows rows launch every kernel with programmatic dependent launch
+// (split_row::launch); each kernel waits for the one ahead of it before its first global access.
 // Kernels 1–3 read whole chunks, so each comes in two instantiations picked at launch (as the
 // split-row chunk kernel): kMasked for a step with a grammar bitmask, and one without any
 // bitmask code for a step without.
