@@ -777,7 +777,7 @@ __device__ int32_t fallback_token(const LogitsRow<T>& x, const Args& a, const Ro
                                   SampleSmem& sm) {
   const int32_t slot = a.req_pool_indices[r / a.tokens_per_req];
   const PenaltySource pen = split_row::penalty_source(a, p, r);
-  const RowInput row = make_row(a.table + a.layout.row_offset(slot),
+  const RowInput row = make_row(a.slot_table + a.layout.row_offset(slot),
                                 a.layout, p.position, pen.drafts, pen.num_drafts, a.vocab,
                                 a.penalties);
   const RowPlan plan = plan_row(x, row, sm, false);

@@ -14,16 +14,7 @@ namespace tokensampler::cuda {
 
 namespace {
 
-struct SampleArgs {
-  int64_t row_stride;
-  BitmaskRows token_bitmask;  // DESIGN §3.0
-  int32_t vocab;
-  const int32_t* req_pool_indices;
-  const int32_t* valid_cache_lengths;
-  const int32_t* slot_table;
-  int64_t pool_rows;
-  SlotLayout layout;
-  int32_t tokens_per_req;
+struct SampleArgs : StepRows {
   const int32_t* candidates;
   bool apply_penalties;
   int32_t logprobs_mode;
@@ -43,7 +34,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     write_unreadable_row(r, a.out_tokens, a.out_invalid, a.out_logprobs);
     return;
   }
-  const LogitsRow<T> x = logits_row(logits, a.row_stride, a.token_bitmask, r);
+  const LogitsRow<T> x = a.row_of(logits, r);
   const RowInput row = make_row(a.slot_table + a.layout.row_offset(slot),
                                 a.layout, int64_t{a.valid_cache_lengths[slot]} + j,
                                 a.candidates ? a.candidates + b * a.tokens_per_req + 1 : nullptr,
@@ -85,16 +76,8 @@ __global__ void __launch_bounds__(kSampleThreads)
 
 // Every row of the call in one block: the rows the multi-block paths decline.
 void launch_one_block_per_row(const SampleRowsCall& c) {
-  SampleArgs a;
-  a.row_stride = c.logits.stride(0);
-  a.token_bitmask = bitmask_rows(c.token_bitmask);
-  a.vocab = static_cast<int32_t>(c.logits.size(1));
-  a.req_pool_indices = c.req_pool_indices.data_ptr<int32_t>();
-  a.valid_cache_lengths = c.valid_cache_lengths.data_ptr<int32_t>();
-  a.slot_table = c.slot_table.data_ptr<int32_t>();
-  a.pool_rows = c.slot_table.size(0);
-  a.layout = c.layout;
-  a.tokens_per_req = static_cast<int32_t>(c.tokens_per_req);
+  SampleArgs a{};
+  static_cast<StepRows&>(a) = step_rows_of(c);
   a.candidates = c.drafts ? c.drafts->data_ptr<int32_t>() : nullptr;
   a.apply_penalties = c.apply_penalties;
   a.logprobs_mode = static_cast<int32_t>(c.logprobs_mode);

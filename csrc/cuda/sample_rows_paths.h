@@ -9,6 +9,8 @@
 
 #include <optional>
 
+#include "../ops/op_checks.h"
+#include "step_rows.cuh"
 #include "tokensampler/route.h"
 #include "tokensampler/slot_layout.h"
 
@@ -34,6 +36,21 @@ struct SampleRowsCall {
   const std::optional<at::Tensor>& workspace;  // uint8, sample_rows_workspace_bytes(rows) or more
   const std::optional<at::Tensor>& token_bitmask;  // int32 [rows, ceil(V / 32)] (DESIGN §3.0)
 };
+
+// The call's rows and slots as the kernels read them.
+inline StepRows step_rows_of(const SampleRowsCall& c) {
+  StepRows s{};
+  s.row_stride = c.logits.stride(0);
+  s.token_bitmask = bitmask_rows(c.token_bitmask);
+  s.vocab = static_cast<int32_t>(c.logits.size(1));
+  s.req_pool_indices = c.req_pool_indices.data_ptr<int32_t>();
+  s.valid_cache_lengths = c.valid_cache_lengths.data_ptr<int32_t>();
+  s.slot_table = c.slot_table.data_ptr<int32_t>();
+  s.pool_rows = c.slot_table.size(0);
+  s.layout = c.layout;
+  s.tokens_per_req = static_cast<int32_t>(c.tokens_per_req);
+  return s;
+}
 
 namespace split_row {
 // Samples every row and returns true when the step has no processed logprobs and its

@@ -10,6 +10,7 @@
 #include "device_primitives.cuh"
 #include "logits_row.cuh"
 #include "penalty_lookup.cuh"
+#include "step_rows.cuh"
 #include "tokensampler/route.h"
 #include "tokensampler/row_rules.h"
 #include "tokensampler/slot_layout.h"
@@ -127,20 +128,11 @@ __device__ __forceinline__ Candidate load_candidate(const Candidate* at) {
   return Candidate{__int_as_float(v.x), v.y};
 }
 
-struct Args {
-  int64_t row_stride;
-  BitmaskRows token_bitmask;  // DESIGN §3.0
-  int32_t vocab;
+struct Args : StepRows {
   int32_t splits;
   int32_t chunk_len;
   int32_t k_cap;
   bool stage_bitmask;  // chunk kernel of a masked step: bitmask words staged in shared memory
-  const int32_t* req_pool_indices;
-  const int32_t* valid_cache_lengths;
-  const int32_t* table;
-  int64_t pool_rows;
-  SlotLayout layout;
-  int32_t tokens_per_req;
   const int32_t* candidates;  // verify with penalties: [bs, tokens_per_req] drafts they count
   bool penalties;
   bool want_raw;
@@ -158,11 +150,6 @@ struct Args {
   int32_t* out_tokens;
   bool* out_invalid;
   float* out_logprobs;
-
-  template <bool kMasked = true, typename T>
-  __device__ __forceinline__ LogitsRow<T, kMasked> row_of(const T* logits, int64_t r) const {
-    return logits_row<kMasked>(logits, row_stride, token_bitmask, r);
-  }
 };
 
 struct RowParams {
@@ -184,7 +171,7 @@ __device__ __forceinline__ RowParams row_params(const Args& a, int64_t r) {
   const int32_t slot = a.req_pool_indices[r / a.tokens_per_req];
   p.valid_slot = slot >= 0 && slot < a.pool_rows;
   if (!p.valid_slot) return p;
-  p.slot = SlotRow{a.table + a.layout.row_offset(slot), a.layout};
+  p.slot = SlotRow{a.slot_table + a.layout.row_offset(slot), a.layout};
   p.temperature = p.slot.temperature();
   p.top_k = p.slot.top_k();
   p.top_p = p.slot.top_p();

@@ -22,15 +22,7 @@ namespace tokensampler::cuda::split_row {
 // Everything but the geometry, k_cap and the scratch pointers, which each path sets.
 inline Args common_args(const SampleRowsCall& c) {
   Args a{};
-  a.row_stride = c.logits.stride(0);
-  a.token_bitmask = bitmask_rows(c.token_bitmask);
-  a.vocab = static_cast<int32_t>(c.logits.size(1));
-  a.req_pool_indices = c.req_pool_indices.data_ptr<int32_t>();
-  a.valid_cache_lengths = c.valid_cache_lengths.data_ptr<int32_t>();
-  a.table = c.slot_table.data_ptr<int32_t>();
-  a.pool_rows = c.slot_table.size(0);
-  a.layout = c.layout;
-  a.tokens_per_req = static_cast<int32_t>(c.tokens_per_req);
+  static_cast<StepRows&>(a) = step_rows_of(c);
   a.candidates = c.apply_penalties && c.drafts ? c.drafts->data_ptr<int32_t>() : nullptr;
   a.penalties = c.apply_penalties;
   a.want_raw = c.out_logprobs.has_value();

@@ -125,16 +125,7 @@ void append_history(at::Tensor& slot_table, int64_t history_capacity, int64_t bi
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-struct RejectionArgs {
-  int64_t row_stride;
-  BitmaskRows token_bitmask;  // DESIGN §3.0
-  int32_t vocab;
-  const int32_t* req_pool_indices;
-  const int32_t* valid_cache_lengths;
-  const int32_t* slot_table;
-  int64_t pool_rows;
-  SlotLayout layout;
-  int32_t n;
+struct RejectionArgs : StepRows {  // tokens_per_req: n, the candidates of a request
   const int32_t* candidates;
   const float* draft_probs;  // [bs, n-1, V] float32 contiguous
   bool apply_penalties;
@@ -168,7 +159,7 @@ __global__ void __launch_bounds__(kSampleThreads)
   __shared__ SampleSmem sm;
   __shared__ int32_t decision;
   const int64_t b = blockIdx.x;
-  const int32_t n = a.n, V = a.vocab;
+  const int32_t n = a.tokens_per_req, V = a.vocab;
   int32_t* predict = a.out_predict + b * n;
   bool* invalid = a.out_invalid + b * n;
   const int32_t slot = a.req_pool_indices[b];
@@ -194,8 +185,7 @@ __global__ void __launch_bounds__(kSampleThreads)
       }
       if (verdict != kVerdictUndecided) break;  // the token the request stops at
     }
-    const LogitsRow<T> x =
-        logits_row(logits, a.row_stride, a.token_bitmask, b * n + j);
+    const LogitsRow<T> x = a.row_of(logits, b * n + j);
     const RowInput row = make_row(words, a.layout, t + j, cand + 1, j, V, a.apply_penalties);
     const RowPlan p = plan_row(x, row, sm, false);
     // The row's own §3 sample (block-uniform: every thread takes the same branches).
@@ -266,7 +256,6 @@ void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indic
                               max_top_k, out_predict, out_accept_length, out_invalid,
                               token_bitmask, workspace);
   const int64_t bs = candidates.size(0), n = candidates.size(1);
-  const int32_t V = static_cast<int32_t>(logits.size(1));
   if (bs == 0) return;
   const c10::cuda::CUDAGuard guard(logits.device());
   const auto stream = at::cuda::getCurrentCUDAStream();
@@ -283,17 +272,9 @@ void verify_rejection(const at::Tensor& logits, const at::Tensor& req_pool_indic
                             n, drafts, apply_penalties, /*logprobs_mode=*/0,
                             static_cast<Route>(route), max_top_k, out_predict, out_invalid,
                             no_logprobs, workspace, token_bitmask};
-  RejectionArgs a;
+  RejectionArgs a{};
+  static_cast<StepRows&>(a) = step_rows_of(call);
   a.judged = split_row::try_verify_rejection(call, q);
-  a.row_stride = logits.stride(0);
-  a.token_bitmask = bitmask_rows(token_bitmask);
-  a.vocab = V;
-  a.req_pool_indices = req_pool_indices.data_ptr<int32_t>();
-  a.valid_cache_lengths = valid_cache_lengths.data_ptr<int32_t>();
-  a.slot_table = slot_table.data_ptr<int32_t>();
-  a.pool_rows = slot_table.size(0);
-  a.layout = layout;
-  a.n = static_cast<int32_t>(n);
   a.candidates = candidates.data_ptr<int32_t>();
   a.draft_probs = q.data_ptr<float>();
   a.apply_penalties = apply_penalties;
