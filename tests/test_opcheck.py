@@ -145,7 +145,8 @@ def raw_logprobs_cases(device):
     yield (_logits(3, device), _int32([5, 2, 63], device),
            torch.empty(3, dtype=torch.float32, device=device),
            torch.empty(3, 2, dtype=torch.float32, device=device),
-           torch.empty(3, 2, dtype=torch.int64, device=device), None, _int32([0, 9, 1], device), 1, 4)
+           torch.empty(3, 2, dtype=torch.int64, device=device), None,
+           _int32([0, 9, 1], device), 1, 4)
 
 
 CASES = {

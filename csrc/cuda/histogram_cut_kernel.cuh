@@ -451,8 +451,9 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);  // syncs
   // Ranked before the winner: z > z_w, or z == z_w and a lower id (raw-logit thresholds).
   auto z_of = [&](float x) { return x == kNegInf ? kNegInf : scaled_logit(x, p.temperature); };
-  const float x_above = lowest_logit_where([&](float x) { return z_of(x) > w.z; }, w.z * p.temperature);
-  const float x_tied = lowest_logit_where([&](float x) { return z_of(x) >= w.z; }, w.z * p.temperature);
+  const float x_w = w.z * p.temperature;  // where the searches start
+  const float x_above = lowest_logit_where([&](float x) { return z_of(x) > w.z; }, x_w);
+  const float x_tied = lowest_logit_where([&](float x) { return z_of(x) >= w.z; }, x_w);
 
   const split_row::Args quiet = without_raw(a);
   float total = 0.0f, before = 0.0f;

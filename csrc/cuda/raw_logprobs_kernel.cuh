@@ -75,7 +75,8 @@ struct ThreadTop {
   __device__ __forceinline__ void offer(Candidate x) {
     if (!before(x, c[kThreadTopN - 1])) return;
 #pragma unroll
-    for (int k = kThreadTopN - 1; k > 0; --k) c[k] = before(x, c[k - 1]) ? c[k - 1] : before(x, c[k]) ? x : c[k];
+    for (int k = kThreadTopN - 1; k > 0; --k)
+      c[k] = before(x, c[k - 1]) ? c[k - 1] : before(x, c[k]) ? x : c[k];
     if (before(x, c[0])) c[0] = x;
   }
   // Drops the first entry.
@@ -98,16 +99,21 @@ __device__ void merge_thread_tops(ThreadTop& top, int32_t n, Smem& sm, Emit&& em
   }
 }
 
+// out_logprobs[r], where asked for: of(token) for the row's token, NaN where tokens[r] lies
+// outside [0, V) (the row emitted none).
+template <typename Of>
+__device__ __forceinline__ void write_token_logprob(const Args& a, int64_t r, Of&& of) {
+  if (a.out_logprobs == nullptr || threadIdx.x != 0) return;
+  const int32_t token = a.tokens[r];
+  a.out_logprobs[r] = token >= 0 && token < a.vocab ? of(token) : __int_as_float(0x7fc00000);  // NaN
+}
+
 // Row r's outputs from its raw stats and its top N, which each_top(emit) gives (emit(rank, best)
 // in rank order, on every thread).
 template <typename T, bool kMasked, typename EachTop>
 __device__ __forceinline__ void write_row(const Args& a, int64_t r, const LogitsRow<T, kMasked>& x,
                                           float m, float s, int32_t inf_count, EachTop&& each_top) {
-  if (a.out_logprobs != nullptr && threadIdx.x == 0) {
-    const int32_t token = a.tokens[r];
-    a.out_logprobs[r] = token >= 0 && token < a.vocab ? raw_logprob(x.raw(token), inf_count, m, s)
-                                                      : __int_as_float(0x7fc00000);  // NaN
-  }
+  write_token_logprob(a, r, [&](int32_t token) { return raw_logprob(x.raw(token), inf_count, m, s); });
   each_top([&](int32_t n, Candidate best) {
     if (threadIdx.x != 0) return;
     a.out_top_ids[r * a.top_n + n] = best.id < a.vocab ? best.id : 0;
@@ -116,13 +122,9 @@ __device__ __forceinline__ void write_row(const Args& a, int64_t r, const Logits
 }
 
 // A row read nowhere (its slot outside the pool): the outputs of a row with no finite logit, a
-// -inf logprob (NaN for a token outside [0, V): the row emitted none) and the top N -inf at ids
-// 0..N-1.
+// -inf logprob and the top N -inf at ids 0..N-1.
 __device__ __forceinline__ void write_unreadable_outputs(const Args& a, int64_t r) {
-  if (a.out_logprobs != nullptr && threadIdx.x == 0) {
-    const int32_t token = a.tokens[r];
-    a.out_logprobs[r] = token >= 0 && token < a.vocab ? kNegInf : __int_as_float(0x7fc00000);  // NaN
-  }
+  write_token_logprob(a, r, [](int32_t) { return kNegInf; });
   for (int32_t n = threadIdx.x; n < a.top_n; n += kThreads) {
     a.out_top_values[r * a.top_n + n] = kNegInf;
     a.out_top_ids[r * a.top_n + n] = n;
