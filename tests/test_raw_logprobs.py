@@ -92,27 +92,39 @@ def test_raw_logprobs_top_n_shapes(V, top_n, device):
         assert got[2][r].tolist() == order, r
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_raw_logprobs_rows_of_slots_outside_the_pool(device):
-    """With req_pool_indices, a request whose slot lies outside [0, pool_rows) is not read: its
-    rows get the outputs of a row with no finite logit (-inf at an emitted token, NaN where the
-    row emitted none, top-N -inf at ids 0..N-1), whatever its logits; the other rows equal the
-    op without slots."""
-    V, n, top_n = 1000, 2, 3
-    logits, tokens, _ = _rows(V, torch.float32, torch.Generator().manual_seed(7))
-    slots = torch.tensor([0, -1, 5, 4], dtype=torch.int32)  # pool_rows 5: requests 1, 2 outside
+def _run_slots(logits, tokens, slots, n, pool_rows, top_n, device):
+    """The op with req_pool_indices, into outputs prefilled with 7 (so a row it skips shows)."""
     rows = logits.size(0)
     out = [torch.full((rows,), 7.0, device=device), torch.full((rows, top_n), 7.0, device=device),
            torch.full((rows, top_n), 7, dtype=torch.int64, device=device)]
-    OPS.raw_logprobs(logits.to(device), tokens.to(device), *out, None, slots.to(device), n, 5)
-    lp, tv, ti = (t.cpu() for t in out)
+    OPS.raw_logprobs(logits.to(device), tokens.to(device), *out, None, slots.to(device), n,
+                     pool_rows)
+    return tuple(t.cpu() for t in out)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("V,top_n", [(1000, 3), (151936, 3), (151936, 12), (151936, 40)])
+def test_raw_logprobs_rows_of_slots_outside_the_pool(V, top_n, device):
+    """With req_pool_indices, a request whose slot lies outside [0, pool_rows) is not read: its
+    rows get the outputs of a row with no finite logit (-inf at an emitted token, NaN where the
+    row emitted none, top-N -inf at ids 0..N-1), whatever its logits; the other rows equal the
+    op without slots. V 151936 cuts CUDA rows into chunks (the finish kernel); N 12 and 40 take
+    the rank passes, N 40 with one chunk a row."""
+    n = 2
+    logits, tokens, _ = _rows(V, torch.float32, torch.Generator().manual_seed(V + top_n))
+    slots = torch.tensor([0, -1, 5, 4], dtype=torch.int32)  # pool_rows 5: requests 1, 2 outside
+    lp, tv, ti = _run_slots(logits, tokens, slots, n, 5, top_n, device)
     want = _run(logits, tokens, None, top_n, device)
     readable = torch.tensor([True, True, False, False, False, False, True, True])
     for got, w in zip((lp, tv, ti), want):
         assert torch.equal(got[readable].nan_to_num(7.0), w[readable].nan_to_num(7.0))
     assert lp[2:6].tolist() == [-INF] * 4  # tokens 41, 6, V - 1, 7: emitted
-    assert tv[2:6].eq(-INF).all() and ti[2:6].tolist() == [[0, 1, 2]] * 4
+    assert tv[2:6].eq(-INF).all() and ti[2:6].tolist() == [list(range(top_n))] * 4
     assert lp[6:].isnan().all()  # tokens -1 and V, readable rows: emitted none
-    OPS.raw_logprobs(logits.to(device), tokens.to(device), *out, None,
-                     torch.tensor([0, 1, 2, -1], dtype=torch.int32, device=device), n, 5)
-    assert out[0].cpu()[6:].isnan().all()  # unreadable rows that emitted none: NaN as well
+    # Request 3 (tokens -1 and V) outside the pool: NaN there too, top-N as any unread row.
+    lp2, tv2, ti2 = _run_slots(logits, tokens, torch.tensor([0, 1, 2, -1], dtype=torch.int32), n,
+                               5, top_n, device)
+    assert lp2[6:].isnan().all() and tv2[6:].eq(-INF).all()
+    assert ti2[6:].tolist() == [list(range(top_n))] * 2
+    if device != "cpu":
+        _close_to_cpu((lp, tv, ti), _run_slots(logits, tokens, slots, n, 5, top_n, "cpu"))
