@@ -17,6 +17,33 @@ namespace tokensampler::cuda {
 
 namespace raw_logprobs {
 
+Args args_of(const at::Tensor& logits, const std::optional<at::Tensor>& token_bitmask,
+             const at::Tensor* tokens, const std::optional<at::Tensor>& out_logprobs,
+             const std::optional<at::Tensor>& out_top_values,
+             const std::optional<at::Tensor>& out_top_ids,
+             const std::optional<at::Tensor>& req_pool_indices, int64_t tokens_per_req,
+             int64_t pool_rows) {
+  Args a{};
+  a.row_stride = logits.stride(0);
+  a.token_bitmask = bitmask_rows(token_bitmask);
+  a.vocab = static_cast<int32_t>(logits.size(1));
+  if (tokens && out_logprobs) {
+    a.tokens = tokens->data_ptr<int32_t>();
+    a.out_logprobs = out_logprobs->data_ptr<float>();
+  }
+  a.top_n = out_top_values ? static_cast<int32_t>(out_top_values->size(1)) : 0;
+  if (a.top_n > 0) {
+    a.out_top_values = out_top_values->data_ptr<float>();
+    a.out_top_ids = out_top_ids->data_ptr<int64_t>();
+  }
+  if (req_pool_indices) {
+    a.req_pool_indices = req_pool_indices->data_ptr<int32_t>();
+    a.tokens_per_req = static_cast<int32_t>(tokens_per_req);
+    a.pool_rows = pool_rows;
+  }
+  return a;
+}
+
 void launch(const at::Tensor& logits, Args a, const std::optional<at::Tensor>& workspace) {
   const int64_t rows = logits.size(0);
   // The sampling paths' chunks; splits * N candidates fit the finish kernel's shared memory.
@@ -63,23 +90,11 @@ void raw_logprobs_op(const at::Tensor& logits, const at::Tensor& tokens,
                      int64_t pool_rows) {
   check_raw_logprobs_args(logits, tokens, out_logprobs, out_top_values, out_top_ids, token_bitmask,
                           req_pool_indices, tokens_per_req, pool_rows);
-  const int32_t top_n = out_top_values ? static_cast<int32_t>(out_top_values->size(1)) : 0;
-  if (logits.size(0) == 0 || (!out_logprobs && top_n == 0)) return;
+  const raw_logprobs::Args a =
+      raw_logprobs::args_of(logits, token_bitmask, &tokens, out_logprobs, out_top_values,
+                            out_top_ids, req_pool_indices, tokens_per_req, pool_rows);
+  if (logits.size(0) == 0 || (!out_logprobs && a.top_n == 0)) return;
   const c10::cuda::CUDAGuard guard(logits.device());
-  raw_logprobs::Args a{};
-  a.row_stride = logits.stride(0);
-  a.token_bitmask = bitmask_rows(token_bitmask);
-  a.vocab = static_cast<int32_t>(logits.size(1));
-  a.tokens = tokens.data_ptr<int32_t>();
-  a.out_logprobs = out_logprobs ? out_logprobs->data_ptr<float>() : nullptr;
-  a.out_top_values = top_n > 0 ? out_top_values->data_ptr<float>() : nullptr;
-  a.out_top_ids = top_n > 0 ? out_top_ids->data_ptr<int64_t>() : nullptr;
-  a.top_n = top_n;
-  if (req_pool_indices) {
-    a.req_pool_indices = req_pool_indices->data_ptr<int32_t>();
-    a.tokens_per_req = static_cast<int32_t>(tokens_per_req);
-    a.pool_rows = pool_rows;
-  }
   raw_logprobs::launch(logits, a, std::nullopt);
 }
 

@@ -48,6 +48,16 @@ struct Args {
   }
 };
 
+// Every field above `splits` from checked tensors: logprobs at `tokens` into out_logprobs where
+// both are given, the top N into out_top_values / out_top_ids where given, and with
+// req_pool_indices (a slot per tokens_per_req rows) rows of slots outside [0, pool_rows) unread.
+Args args_of(const at::Tensor& logits, const std::optional<at::Tensor>& token_bitmask,
+             const at::Tensor* tokens, const std::optional<at::Tensor>& out_logprobs,
+             const std::optional<at::Tensor>& out_top_values,
+             const std::optional<at::Tensor>& out_top_ids,
+             const std::optional<at::Tensor>& req_pool_indices, int64_t tokens_per_req,
+             int64_t pool_rows);
+
 // Cuts the rows of `logits` into chunks (a few rows fill the GPU; N beyond kMaxSplitTopN keeps
 // one chunk a row), takes the scratch from `workspace`'s sections when given (sample_rows' own,
 // free again once its sampling kernels are done: the same stream) or from the caching

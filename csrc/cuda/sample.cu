@@ -125,21 +125,12 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& req_pool_indices,
   if (!split_row::try_sample(call) && !histogram_cut::try_sample(call))
     launch_one_block_per_row(call);
   if (top_n > 0) {  // §3.8's top-N raw logprobs: rows in chunks, after the sampling kernels
-    raw_logprobs::Args t{};
-    if (raw_with_top) {
-      t.tokens = out_tokens.data_ptr<int32_t>();
-      t.out_logprobs = out_logprobs->data_ptr<float>();
-    }
-    t.row_stride = logits.stride(0);
-    t.token_bitmask = bitmask_rows(token_bitmask);
-    t.vocab = static_cast<int32_t>(logits.size(1));
-    t.out_top_values = out_top_values->data_ptr<float>();
-    t.out_top_ids = out_top_ids->data_ptr<int64_t>();
-    t.top_n = static_cast<int32_t>(top_n);
-    t.req_pool_indices = req_pool_indices.data_ptr<int32_t>();
-    t.tokens_per_req = static_cast<int32_t>(tokens_per_req);
-    t.pool_rows = slot_table.size(0);
-    raw_logprobs::launch(logits, t, workspace);
+    raw_logprobs::launch(
+        logits,
+        raw_logprobs::args_of(logits, token_bitmask, &out_tokens,
+                              raw_with_top ? out_logprobs : no_logprobs, out_top_values,
+                              out_top_ids, req_pool_indices, tokens_per_req, slot_table.size(0)),
+        workspace);
   }
 }
 
