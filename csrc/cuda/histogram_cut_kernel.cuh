@@ -430,6 +430,32 @@ __device__ __forceinline__ bool surely_kept(double total, double before, float z
   return before_hi < static_cast<double>(top_p_limit(top_p, static_cast<uint64_t>(total_lo)));
 }
 
+// What kernels 1a and 1b know of row r: whether it is a mass-cut row, and then its parameters,
+// z_max, M (the estimate kernel 1a's sums are relative to), winner, and whether the winner is
+// decidable, which must read the same in both kernels: 1b sums what 1a wrote for exactly those
+// rows. Block-uniform. Syncs.
+struct DecideRow {
+  bool mass_cut;
+  RowParams p;
+  float z_max, m;
+  RowWinner w;
+  bool decidable;
+};
+
+__device__ __forceinline__ DecideRow decide_row(const Args& a, int64_t r, Candidate* scratch, int32_t* red) {
+  DecideRow d{};
+  d.p = split_row::row_params(a, r);
+  if (!d.p.valid_slot || !uses_histogram(d.p)) return d;
+  const RowStats s = merge_stats<kChunkThreads>(a, r, scratch, red);
+  if (kind_of(d.p, s.argmax.z, s.inf_count) != kMassCut) return d;
+  d.mass_cut = true;
+  d.z_max = scaled_logit(s.argmax.z, d.p.temperature);
+  d.m = s.argmax.z * (1.0f / d.p.temperature);
+  d.w = merge_winner<kChunkThreads>(a, r, scratch);
+  d.decidable = decidable(d.w, d.z_max, d.m, d.p);
+  return d;
+}
+
 template <typename T, bool kMasked>
 __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     mass_sums_kernel(const T* __restrict__ logits, Args a) {
@@ -439,15 +465,11 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   __shared__ float red_total[kChunkThreads / 32], red_before[kChunkThreads / 32];
   const Chunk c = chunk_of(a);
   split_row::wait_for_prior_grids();
-  const RowParams p = split_row::row_params(a, c.r);
-  if (!p.valid_slot || !uses_histogram(p)) return;
-  const RowStats s = merge_stats<kChunkThreads>(a, c.r, scratch, red);
-  if (kind_of(p, s.argmax.z, s.inf_count) != kMassCut) return;
-  const float z_max = scaled_logit(s.argmax.z, p.temperature);
-  const RowWinner w = merge_winner<kChunkThreads>(a, c.r, scratch);
-  const float inv_t = 1.0f / p.temperature;
-  const float m = s.argmax.z * inv_t;
-  if (!decidable(w, z_max, m, p)) return;
+  const DecideRow d = decide_row(a, c.r, scratch, red);
+  if (!d.mass_cut || !d.decidable) return;
+  const RowParams& p = d.p;
+  const RowWinner& w = d.w;
+  const float inv_t = 1.0f / p.temperature, m = d.m;
   const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);  // syncs
   // Ranked before the winner: z > z_w, or z == z_w and a lower id (raw-logit thresholds).
   auto z_of = [&](float x) { return x == kNegInf ? kNegInf : scaled_logit(x, p.temperature); };
@@ -493,24 +515,19 @@ __global__ void __launch_bounds__(kChunkThreads) decide_kernel(Args a) {
   __shared__ int32_t red[2 * kChunkThreads / 32];
   const int64_t r = blockIdx.x;
   split_row::wait_for_prior_grids();
-  const RowParams p = split_row::row_params(a, r);
-  if (!p.valid_slot || !uses_histogram(p)) return;
-  const RowStats s = merge_stats<kChunkThreads>(a, r, scratch, red);
-  if (kind_of(p, s.argmax.z, s.inf_count) != kMassCut) return;
-  const float z_max = scaled_logit(s.argmax.z, p.temperature);
-  const RowWinner w = merge_winner<kChunkThreads>(a, r, scratch);
-  if (threadIdx.x != 0) return;
+  const DecideRow d = decide_row(a, r, scratch, red);
+  if (!d.mass_cut || threadIdx.x != 0) return;
   bool kept = false;
-  if (decidable(w, z_max, s.argmax.z * (1.0f / p.temperature), p)) {
+  if (d.decidable) {
     double total = 0.0, before = 0.0;  // in chunk order
     for (int32_t j = 0; j < a.splits; ++j) {
       total += a.mass_sums[r * a.splits + j].x;
       before += a.mass_sums[r * a.splits + j].y;
     }
-    kept = surely_kept(total, before, z_max, p.top_p, a.vocab);
+    kept = surely_kept(total, before, d.z_max, d.p.top_p, a.vocab);
   }
   if (kept) {
-    a.row_cuts[r] = RowCut{CutBin{kBins, 0, 0}, w.best.id, -1, true};
+    a.row_cuts[r] = RowCut{CutBin{kBins, 0, 0}, d.w.best.id, -1, true};
   } else {
     const int32_t slot = atomicAdd(a.hist_count, 1);
     a.hist_rows[slot] = static_cast<int32_t>(r);
