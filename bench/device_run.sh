@@ -5,8 +5,9 @@
 # 7 with several GPUs or with --bitmask-bench; bench/profile.sh appends to one more).
 #   bench/device_run.sh [--no-bench] [--bench-args "..."] [--tests "pytest args"]
 #                       [--bitmask-bench "args"] [--profile "route:bs[:dtype] ..."]
-#                       [--variant file.patch]... [--variant-tests "pytest args"]
-# Each --variant (a `patch -p1` file; carry the folder it is in) is an A/B candidate: after the
+#                       [--variant file.patch[+file2.patch...]]... [--variant-tests "pytest args"]
+# Each --variant (a `patch -p1` file, or several joined by '+' and stacked in that order; carry
+# the folder they are in) is an A/B candidate: after the
 # base run, it is applied, built (incrementally), tested (--variant-tests, default the --tests)
 # and benchmarked with the same --bench-args (tokensampler alone: the base run times the
 # others), then reverted; its logs and JSON come back in
@@ -79,13 +80,24 @@ fi
 apply_variant() {  # file [-R]
   if command -v patch > /dev/null; then patch -p1 -s --forward ${2:-} < "$1"; else git apply ${2:-} "$1"; fi
 }
-for patch_file in "${VARIANTS[@]}"; do
-  name=$(basename "$patch_file" .patch)
+revert_variant() {  # the patches applied, reverted last first
+  local i
+  for (( i = $# ; i > 0 ; i-- )); do apply_variant "${!i}" -R; done
+}
+for spec in "${VARIANTS[@]}"; do
+  IFS='+' read -r -a patch_files <<< "$spec"
+  name=$(for f in "${patch_files[@]}"; do basename "$f" .patch; done | paste -sd+ -)
   dir="$OUT/variants/$name"
   mkdir -p "$dir"
   echo "== variant $name"
-  if ! apply_variant "$patch_file"; then
+  applied=()
+  for f in "${patch_files[@]}"; do
+    apply_variant "$f" || break
+    applied+=("$f")
+  done
+  if [ ${#applied[@]} -ne ${#patch_files[@]} ]; then
     echo "variant $name: does not apply" | tee -a "$OUT/gpu.txt"
+    revert_variant "${applied[@]}"
     continue
   fi
   if python3 -m pip install --no-build-isolation --no-deps -v . > "$dir/build.log" 2>&1; then
@@ -103,7 +115,7 @@ for patch_file in "${VARIANTS[@]}"; do
     echo "variant $name: build failed" | tee -a "$OUT/gpu.txt"
     tail -30 "$dir/build.log"
   fi
-  apply_variant "$patch_file" -R
+  revert_variant "${applied[@]}"
 done
 if [ ${#VARIANTS[@]} -gt 0 ]; then
   tar -czf "$OUT/variants.tar.gz" -C "$OUT" variants && rm -rf "$OUT/variants"
