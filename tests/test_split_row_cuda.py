@@ -153,10 +153,12 @@ def test_split_row_verify_penalties_count_drafts(case):
 
 
 @pytest.mark.parametrize("kind", ["half_steps", "constant", "ascending", "descending"])
-@pytest.mark.parametrize("top_k", [3, 50, 300, 512])
+@pytest.mark.parametrize("top_k", [3, 50, 64, 65, 300, 512])
 def test_split_row_top_k_ties_and_orders(kind, top_k):
     """Rows that stress the exact top-k select: many equal z (ties split by id), every token
-    equal, and logits rising / falling along the row (each round admits all or nothing)."""
+    equal, and logits rising / falling along the row (each round admits all or nothing).
+    k = 64 / 65: a kept set that fills one warp's registers (two candidates a lane), and one
+    past it."""
     V, bs = 151936, 5
     cpu, gpu = backends(V, bs)
     sps = [ts.SamplingParams(seed=70 + i, temperature=0.6, top_k=top_k,
