@@ -7,8 +7,8 @@
 #                       [--bitmask-bench "args"] [--profile "route:bs[:dtype] ..."]
 #                       [--variant file.patch[+file2.patch...]]... [--variant-tests "pytest args"]
 # Each --variant (a `patch -p1` file, or several joined by '+' and stacked in that order; carry
-# the folder they are in) is an A/B candidate: after the
-# base run, it is applied, built (incrementally), tested (--variant-tests, default the --tests)
+# the folder they are in) is an A/B candidate: after the base run, it is applied, built
+# (incrementally), tested (--variant-tests, default the --tests)
 # and benchmarked with the same --bench-args (tokensampler alone: the base run times the
 # others), then reverted; its logs and JSON come back in
 # variants.tar.gz and bench/compare_runs.py prints its figures beside the base's.
