@@ -1,10 +1,12 @@
-// Launch code of the histogram-cut path of sample_rows (device code in histogram_cut_kernel.cuh).
+// Launch code of the histogram-cut path of sample_rows (device code in histogram_cut_*.cuh).
 // sample.cu tries it when the split-row path declines a step.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
 #include "dispatch_logits.cuh"
 #include "split_row_launch.cuh"
+#include "histogram_cut_decide.cuh"
+#include "histogram_cut_finish.cuh"
 #include "histogram_cut_kernel.cuh"
 
 namespace tokensampler::cuda::histogram_cut {
