@@ -187,15 +187,16 @@ __device__ __forceinline__ int compact_candidates(Candidate* buf, int n, Keep ke
   if (threadIdx.x == 0) *counter = 0;
   Candidate mine[kPerThread];
   bool take[kPerThread];
+  const int rounds = min(kPerThread, (n + kThreads - 1) / kThreads);  // block-uniform
 #pragma unroll 1
-  for (int j = 0; j < kPerThread; ++j) {
+  for (int j = 0; j < rounds; ++j) {
     const int e = static_cast<int>(threadIdx.x) + j * kThreads;
     mine[j] = e < n ? buf[e] : Candidate{kNegInf, kNoId};
     take[j] = e < n && keep(mine[j]);
   }
   __syncthreads();  // every read of buf before the first write
 #pragma unroll 1
-  for (int j = 0; j < kPerThread; ++j) {
+  for (int j = 0; j < rounds; ++j) {
     warp_append(take[j], counter, [&](int32_t at) { buf[at] = mine[j]; });
   }
   __syncthreads();

@@ -286,70 +286,83 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
       if (kShareBest && best.z > bar) best_seen.raise(best.z);  // above the block's best: share it
     });
   }
-  // Greedy and top-k rows, kLoadsInFlight loads per thread per round.
-  const int32_t rounds_end = top_k_rows || p.greedy ? end : begin;
+  if (p.greedy) {  // the argmax of the processed logits, tracked in registers
+    for_each_round(row, begin, end, [&](float (&x)[4], int32_t i) {
+      process_group(x, i, begin, end, a, bitmap, pen, inf_count, raw_m, raw_s, &argmax);
+    });
+  }
+  // Top-k rows, kLoadsInFlight loads per thread per round.
+  const int32_t rounds_end = top_k_rows ? end : begin;
+  // The thread's largest admitted z so far (a real token's, or -inf). At rounds 1, 2, 4, 8, ...
+  // (and every round while the threshold is -inf) the k-th largest of these across the block
+  // raises the threshold: k distinct tokens reach it, so the chunk's k-th largest z does too.
+  // A round's own maxima (16 tokens a thread) would admit ~1.4 % of the tokens at k = 50; the
+  // maxima of R rounds admit about 1.4 % / R, so fewer warps take the admission path and fewer
+  // candidates reach the buffer and its cuts.
+  float run_max = kNegInf;
+  int32_t rounds_done = 0;
   for (int32_t round = begin; round < rounds_end; round += kRoundTokens) {
     float l[kLoadsInFlight][4];
     load_round(row, round, end, l);
-    const float thr = top_k_rows ? threshold : 0.0f;
-    const float thr_raw = top_k_rows ? admission_bound(thr, p.temperature) : 0.0f;
-    float thread_max = kNegInf;  // top-k rows: the thread's largest z of the round
+    const float thr = threshold;
+    const float thr_raw = admission_bound(thr, p.temperature);
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
       const int32_t i = round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x));
-      // Greedy rows need the argmax; the others only whether any token is finite or +inf.
+      // Only whether any token is finite or +inf is needed from the processed logits.
       const float x_max4 = process_group(l[u], i, begin, end, a, bitmap, pen, inf_count, raw_m,
-                                         raw_s, p.greedy ? &argmax : nullptr);
-      argmax.z = p.greedy ? argmax.z : fmaxf(argmax.z, x_max4);
-      if (top_k_rows) {
-        float4 z4 = make_float4(kNegInf, kNegInf, kNegInf, kNegInf);
-        if (x_max4 > kNegInf && x_max4 >= thr_raw) {
-          const float4 x4 = make_float4(l[u][0], l[u][1], l[u][2], l[u][3]);
-          z4 = scaled_group(x4, thr_raw, p.temperature);
-          if (fabsf(z4.x) == FLT_MAX || fabsf(z4.y) == FLT_MAX || fabsf(z4.z) == FLT_MAX ||
-              fabsf(z4.w) == FLT_MAX) {  // the block's shared edge_ids, not a pointer held live
-            const int2 e = edge_ids_of(x4, i, thr_raw, p.temperature);
-            atomicMin(&edge_ids[0], e.x);
-            atomicMin(&edge_ids[1], e.y);
-          }
+                                         raw_s, nullptr);
+      argmax.z = fmaxf(argmax.z, x_max4);
+      float4 z4 = make_float4(kNegInf, kNegInf, kNegInf, kNegInf);
+      if (x_max4 > kNegInf && x_max4 >= thr_raw) {
+        const float4 x4 = make_float4(l[u][0], l[u][1], l[u][2], l[u][3]);
+        z4 = scaled_group(x4, thr_raw, p.temperature);
+        if (fabsf(z4.x) == FLT_MAX || fabsf(z4.y) == FLT_MAX || fabsf(z4.z) == FLT_MAX ||
+            fabsf(z4.w) == FLT_MAX) {  // the block's shared edge_ids, not a pointer held live
+          const int2 e = edge_ids_of(x4, i, thr_raw, p.temperature);
+          atomicMin(&edge_ids[0], e.x);
+          atomicMin(&edge_ids[1], e.y);
         }
-        // l[u] now holds z of the tokens at or above the threshold, -inf below it
-        l[u][0] = z4.x; l[u][1] = z4.y; l[u][2] = z4.z; l[u][3] = z4.w;
-        thread_max = fmaxf(thread_max, fmaxf(fmaxf(z4.x, z4.y), fmaxf(z4.z, z4.w)));
       }
+      // l[u] now holds z of the tokens at or above the threshold, -inf below it
+      l[u][0] = z4.x; l[u][1] = z4.y; l[u][2] = z4.z; l[u][3] = z4.w;
+      run_max = fmaxf(run_max, fmaxf(fmaxf(z4.x, z4.y), fmaxf(z4.z, z4.w)));
     }
-    if (top_k_rows) {
-      float admit = thr;
-      if (admit == kNegInf && k <= kChunkThreads) admit = kth_thread_max<kChunkThreads>(thread_max, k);
+    ++rounds_done;
+    float admit = thr;
+    if (k <= kChunkThreads && (thr == kNegInf || (rounds_done & (rounds_done - 1)) == 0))
+      admit = fmaxf(admit, kth_thread_max<kChunkThreads>(run_max, k));
 #pragma unroll
-      for (int u = 0; u < kLoadsInFlight; ++u) {
-        const int32_t i = round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x));
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      // One vote a group skips its four appends in the warps (most, once the threshold has
+      // risen) where no lane holds a candidate.
+      const float z_max4 = fmaxf(fmaxf(l[u][0], l[u][1]), fmaxf(l[u][2], l[u][3]));
+      if (!__any_sync(0xffffffffu, z_max4 > kNegInf && z_max4 >= admit)) continue;
+      const int32_t i = round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x));
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
-          append_candidate(l[u][q] > kNegInf && l[u][q] >= admit, Candidate{l[u][q], i + q}, buf,
-                           &buf_count);
-      }
-      __syncthreads();
-      const int held = buf_count;
-      if (held > kCompactAt) {
-        keep_top_k<kChunkThreads, kBufferCap / kChunkThreads>(buf, held, k, held, red_count,
-                                                             &compact_counter);
-        // The smallest kept z: nothing below it can enter the chunk's top-k.
-        Candidate lowest{kNegInf, kNoId};  // holds -z
-        for (int e = threadIdx.x; e < k; e += kChunkThreads)
-          lowest = best_of(lowest, Candidate{-buf[e].z, buf[e].id});
-        lowest = block_best<kChunkThreads>(lowest, scratch);
-        if (threadIdx.x == 0) {
-          buf_count = k;
-          threshold = -lowest.z;
-        }
-      } else if (admit > thr && threadIdx.x == 0) {
-        threshold = admit;
-      }
-      __syncthreads();
+      for (int q = 0; q < 4; ++q)
+        append_candidate(l[u][q] > kNegInf && l[u][q] >= admit, Candidate{l[u][q], i + q}, buf,
+                         &buf_count);
     }
+    __syncthreads();
+    const int held = buf_count;
+    if (held > kCompactAt) {
+      keep_top_k<kChunkThreads, kBufferCap / kChunkThreads>(buf, held, k, held, red_count,
+                                                           &compact_counter);
+      // The smallest kept z: nothing below it can enter the chunk's top-k.
+      Candidate lowest{kNegInf, kNoId};  // holds -z
+      for (int e = threadIdx.x; e < k; e += kChunkThreads)
+        lowest = best_of(lowest, Candidate{-buf[e].z, buf[e].id});
+      lowest = block_best<kChunkThreads>(lowest, scratch);
+      if (threadIdx.x == 0) {
+        buf_count = k;
+        threshold = -lowest.z;
+      }
+    } else if (admit > thr && threadIdx.x == 0) {
+      threshold = admit;
+    }
+    __syncthreads();
   }
-
   // Block reductions of the per-thread results.
   const Partial chunk = block_partial<kChunkThreads>(Partial{argmax, best, inf_best, inf_count, 0}, partials);
   warp_merge_lse(raw_m, raw_s);
