@@ -5,7 +5,6 @@
 
 #include "device_primitives.cuh"
 #include "mass_scan.cuh"
-#include "sample_kernel.cuh"
 #include "split_row_kernel.cuh"
 
 namespace tokensampler::cuda::histogram_cut {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "histogram_cut_args.cuh"
+#include "sample_kernel.cuh"
 
 namespace tokensampler::cuda::histogram_cut {
 
