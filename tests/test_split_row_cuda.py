@@ -247,11 +247,13 @@ def test_every_capture_variant_replays_eager_tokens_at_a_smaller_batch(name, n):
                                     dict(temperature=0.7, top_k=50, top_p=0.9),
                                     dict(temperature=0.9, top_p=0.8), dict(temperature=0.9, min_p=0.05)],
                          ids=["no_filter", "top_k", "top_k_top_p", "top_p", "min_p"])
-def test_row_strided_logits_match_cpu(params):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_strided_logits_match_cpu(params, dtype):
     """Logits that are a view of wider rows (an engine's padded vocabulary: row stride V + 5, V
-    odd) give the CPU's tokens on the split-row and histogram-cut paths."""
+    odd) give the CPU's tokens on the split-row and histogram-cut paths: rows past the first
+    start unaligned, so the vector loads fall back to narrower ones."""
     V, bs = 50257, 6
-    wide = torch.randn(bs, V + 5, generator=torch.Generator().manual_seed(8)) * 2
+    wide = (torch.randn(bs, V + 5, generator=torch.Generator().manual_seed(8)) * 2).to(dtype)
     logits = wide[:, :V]
     cpu, gpu = backends(V, bs, name="gumbel_full")
     sps = [ts.SamplingParams(seed=70 + i, **params) for i in range(bs)]

@@ -22,8 +22,9 @@ constexpr int kCutCap = 4096;        // tokens in a row's cut list that the fini
 constexpr int kCountCutMaxK = kCutCap / 2;  // top-k rows: the list's tail holds the top-p scan
 constexpr int kFinishThreads = 1024; // the one-block-per-row kernel's block size (fallback)
 // Tokens per chunk at most: a bin's per-block sums of 16-bit mass halves then fit in 32 bits.
-constexpr int32_t kMaxChunkTokens = 65532;
-static_assert(uint64_t{kMaxChunkTokens} * 65536 < (uint64_t{1} << 32));
+constexpr int32_t kMaxChunkTokens = 65528;  // a multiple of kAlignTokens
+static_assert(uint64_t{kMaxChunkTokens} * 65536 < (uint64_t{1} << 32) &&
+              kMaxChunkTokens % kAlignTokens == 0);
 constexpr int32_t kMaxVocab = split_row::kMaxSplits * kMaxChunkTokens;  // 4.2 M; larger: one block per row
 constexpr int64_t kDecideMinRows = 64;  // top-p steps of this many rows or more decide (kernels 1a-b)
 constexpr int64_t kPdlMaxRows = 256;    // steps of fewer rows launch with PDL
@@ -39,7 +40,7 @@ struct CutBin {
 struct RowCut {
   CutBin cut;
   int32_t winner_id;    // mass-cut rows whose winner is kept (the row's token); else kNoId
-  int32_t spread_slot;  // mass-cut rows it did not finish: their index in spread_rows; else -1
+  int32_t spread_slot;  // mass-cut rows it listed (spread): their index in spread_rows; else -1
   bool found;           // written this step (kernel 1 clears it); a row without runs the fallback
 };
 
@@ -51,6 +52,7 @@ struct Args : split_row::Args {
   int32_t* spread_rows;             // [rows] mass-cut rows that kernel 3 spreads over its grid
   int32_t* spread_count;            // how many (kernel 1 clears it)
   Candidate* spread_best;           // [chunks] kernel 3: the best z + G of a block's share
+  bool spread;                      // kernel 3 spreads the listed mass-cut rows (few rows)
   // Steps that decide top-p rows before the histogram (decide: large batches).
   bool decide;
   float2* mass_sums;                // [chunks] kernel 1a: a chunk's float mass sums (total, before)
@@ -258,7 +260,7 @@ __device__ __forceinline__ Chunk spread_share(const Args& a, const int32_t* rows
   const int32_t slot = static_cast<int32_t>(blockIdx.x) % n;
   const int32_t share = static_cast<int32_t>(blockIdx.x) / n;
   const int32_t shares = (static_cast<int32_t>(gridDim.x) - 1 - slot) / n + 1;
-  const int32_t len = max(((a.vocab + shares - 1) / shares + 3) / 4 * 4, 1024);
+  const int32_t len = max(align_tokens((a.vocab + shares - 1) / shares), 1024);
   const int32_t begin = static_cast<int32_t>(min(int64_t{share} * len, int64_t{a.vocab}));
   return Chunk{rows[slot], begin, min(a.vocab, begin + len)};
 }

@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const T* __restr
   const CutBin& cut = rc.cut;
   const float z_max = scaled_logit(argmax.z, p.temperature);
   const bool winner_kept = kind == kMassCut && rc.winner_id != kNoId;  // kernel 3 skipped it
-  if (kind == kNoCut) {
+  if (kind == kNoCut || (kind == kMassCut && !winner_kept && !a.spread)) {  // own chunks
     if (threadIdx.x < a.splits) best = a.results[r * a.splits + threadIdx.x].best;
     best = block_best<kFinishThreads>(best, sm.scratch);
   } else if (kind == kMassCut && !winner_kept) {  // spread: kernel 3's blocks b = slot mod n

@@ -23,8 +23,9 @@
 //   3. select: tokens above the cut bin are surely kept: a block keeps the best z + G among
 //      them (and the min-p threshold). Tokens in the cut bin (top-k rows: in it or above it) go
 //      to a per-row list. Min-p and top-k rows take their own chunks; the listed top-p rows (a
-//      fraction 1 - p of them) are spread over every block of the grid, so they do not keep
-//      the kernel as long as whole chunks would;
+//      fraction 1 - p of them) are spread over every block of the grid where the rows alone
+//      do not fill the machine (spread), so they do not keep the kernel as long as whole chunks
+//      would; where they do, they take their own chunks too;
 //   4. finish: sorts the list into rank order and resolves the cut exactly (top-p: kept while
 //      the mass before a token is below the limit; top-k: the first k, then top-p over their
 //      masses; both as the CPU reference; then min-p), and takes the best z + G.
@@ -79,7 +80,8 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   float winner_z = kNegInf;
   float raw_m = kNegInf, raw_s = 0.0f;
   int32_t inf_count = 0;
-  split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
+  split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, !a.want_raw,
+                            [&](float (&x)[4], int32_t i) {
     const float x_max4 = split_row::process_group(x, i, c.begin, c.end, a, bitmap, pen, inf_count,
                                                   raw_m, raw_s, &argmax);
     // +inf rows never use the winner (kind_of: kFallback).
@@ -157,7 +159,7 @@ __device__ void histogram_range(const T* __restrict__ logits, const Args& a, con
   const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);  // syncs
 
   const split_row::Args quiet = without_raw(a);
-  split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
+  split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, true, [&](float (&x)[4], int32_t i) {
     if (processed_group(x, i, c, quiet, bitmap, pen) == kNegInf) return;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -217,7 +219,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
 }
 
 // Kernel 2b (one block per row with a cut): the cut bin, and for top-p rows whether the winner
-// is kept; the rows it does not finish are listed for kernel 3 to spread.
+// is kept; in a step with spread, the rows it does not finish are listed for kernel 3 to spread.
 __global__ void __launch_bounds__(kChunkThreads) cut_kernel(Args a) {
   __shared__ CutSmem<kChunkThreads> cut_sm;
   __shared__ Candidate scratch[kChunkThreads / 32];
@@ -239,7 +241,7 @@ __global__ void __launch_bounds__(kChunkThreads) cut_kernel(Args a) {
   }
   if (threadIdx.x == 0) {
     int32_t slot = -1;
-    if (kind == kMassCut && winner_id == kNoId) {
+    if (kind == kMassCut && winner_id == kNoId && a.spread) {
       slot = atomicAdd(a.spread_count, 1);
       a.spread_rows[slot] = static_cast<int32_t>(r);
     }
@@ -286,7 +288,7 @@ __device__ Candidate select_range(const T* __restrict__ logits, const Args& a, c
   const split_row::Args quiet = without_raw(a);
   Candidate best{kNegInf, kNoId};
   Candidate* list = a.chunk_candidates + c.r * kCutCap;
-  split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, [&](float (&x)[4], int32_t i) {
+  split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, true, [&](float (&x)[4], int32_t i) {
     processed_group(x, i, c, quiet, bitmap, pen);
     float sure_max = kNegInf;
     bool sure[4], listed[4];
@@ -333,9 +335,10 @@ __device__ Candidate select_range(const T* __restrict__ logits, const Args& a, c
   return block_best<kChunkThreads>(best, scratch);
 }
 
-// Kernel 3: min-p rows (no cut) and count-cut rows take their own chunk: its surely kept best
-// into results[].best. Then every block takes its share of a spread row (spread_share): its
-// best into spread_best[block].
+// Kernel 3: min-p rows (no cut), count-cut rows and, in a step without spread, the mass-cut
+// rows kernel 2b did not finish take their own chunk: its surely kept best into results[].best.
+// Then every block takes its share of a spread row (spread_share): its best into
+// spread_best[block].
 template <typename T, bool kMasked>
 __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     select_kernel(const T* __restrict__ logits, Args a) {
@@ -349,7 +352,11 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   if (p.valid_slot && !p.greedy) {
     const RowStats s = merge_stats<kChunkThreads>(a, c.r, scratch, red);
     const int kind = kind_of(p, s.argmax.z, s.inf_count);
-    if (kind == kNoCut || (kind == kCountCut && a.row_cuts[c.r].found)) {
+    // Spread mass-cut rows are taken below; a row whose winner is kept (count-cut rows have
+    // none) needs no select.
+    const bool own_cut = kind == kCountCut || (kind == kMassCut && !a.spread);
+    if (kind == kNoCut ||
+        (own_cut && a.row_cuts[c.r].found && a.row_cuts[c.r].winner_id == kNoId)) {
       const CutBin cut = kind == kNoCut ? CutBin{kBins, 0, 0} : a.row_cuts[c.r].cut;
       const Candidate best = select_range<T, kMasked>(logits, a, c, p, kind, cut,
                                                       scaled_logit(s.argmax.z, p.temperature),
@@ -357,7 +364,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
       if (threadIdx.x == 0) a.results[blockIdx.x].best = best;
     }
   }
-  const int32_t n = *a.spread_count;
+  const int32_t n = *a.spread_count;  // 0 without spread (kernel 1 clears it)
   if (n == 0) return;
   const Chunk share = spread_share(a, a.spread_rows, n);
   Candidate best{kNegInf, kNoId};

@@ -31,6 +31,15 @@ __device__ __forceinline__ LogitsRow<T, kMasked> logits_row(const T* logits, int
   return LogitsRow<T, kMasked>{logits + r * row_stride, kMasked ? bitmask.row(r) : nullptr};
 }
 
+// Tokens of the widest load (load8: 16 bytes of fp16 / bf16). Chunks and slices of a row start
+// at multiples of it, so their vector loads are aligned in every dtype.
+constexpr int32_t kAlignTokens = 8;
+
+// n rounded up to a multiple of kAlignTokens.
+__host__ __device__ constexpr int32_t align_tokens(int32_t n) {
+  return (n + kAlignTokens - 1) / kAlignTokens * kAlignTokens;
+}
+
 // Tokens i .. i+3 (-inf past `end`) in one 16-byte (fp32) or 8-byte (fp16 / bf16) streaming
 // load where aligned; NaN left for the caller's sanitising, the bitmask for mask_bits / apply_mask.
 template <typename T, bool kMasked>
@@ -54,6 +63,28 @@ __device__ __forceinline__ void load4(const LogitsRow<T, kMasked>& row, int32_t 
   }
 #pragma unroll
   for (int q = 0; q < 4; ++q) out[q] = i + q < end ? static_cast<float>(x[i + q]) : kNegInf;
+}
+
+// Tokens i .. i+7 of a 2-byte (fp16 / bf16) row, i .. i+3 into lo and i+4 .. i+7 into hi, in one
+// 16-byte streaming load where aligned (i a multiple of 8 and the row 16-byte aligned): the bytes
+// a load moves, and so the bytes in flight per thread, match fp32's load4.
+template <typename T, bool kMasked>
+__device__ __forceinline__ void load8(const LogitsRow<T, kMasked>& row, int32_t i, int32_t end,
+                                      float lo[4], float hi[4]) {
+  static_assert(sizeof(T) == 2, "load8 serves the 2-byte types");
+  const T* x = row.values;
+  if (i + 7 < end && (reinterpret_cast<uintptr_t>(x + i) & 15) == 0) {
+    const uint4 v = __ldcs(reinterpret_cast<const uint4*>(x + i));
+    const T* h = reinterpret_cast<const T*>(&v);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      lo[q] = static_cast<float>(h[q]);
+      hi[q] = static_cast<float>(h[4 + q]);
+    }
+    return;
+  }
+  load4(row, i, end, lo);
+  load4(row, i + 4, end, hi);
 }
 
 // f(i, v) for the tokens i of [begin, end) this thread owns, v as raw(i) gives it: four

@@ -5,7 +5,7 @@
 //
 // Kernel 1 (chunk): a row is cut into `splits` chunks, one block each, so a small batch still
 // fills the GPU. A block streams its chunk once, kLoadsInFlight 16-byte loads per thread per
-// round, and leaves a few numbers:
+// round (2-byte types: half as many, of 8 tokens each), and leaves a few numbers:
 //   - the argmax of the processed logits (greedy rows), raw (max, sum-exp) partials (raw
 //     logprobs), the +inf count;
 //   - no-filter rows: the best z + G of the chunk. Noise is keyed by token id, so it is needed
@@ -140,17 +140,42 @@ __device__ __forceinline__ float process_group(float (&x)[4], int32_t i, int32_t
   return x_max4;
 }
 
-// This thread's kLoadsInFlight groups of a round (group u at round + 4 (u kChunkThreads +
-// thread), -inf past `end`), every load (bitmask words first) issued before any is used.
+// The first token of this thread's group u of a round. Narrow (fp32, and any step folding raw
+// logprob partials): group u at round + 4 (u kChunkThreads + thread). Wide (fp16 / bf16 otherwise):
+// groups in pairs of 8 consecutive tokens, one 16-byte load a pair (load8), pair v at
+// round + 8 (v kChunkThreads + thread), so a round moves fp32's bytes per load in half the loads.
+// Raw partials are float sums in each thread's token order: steps that want them keep fp32's
+// layout, so a 2-byte row and its fp32 copy give the same logprobs. Either way a round covers
+// [round, round + kRoundTokens) once.
+template <typename T>
+__device__ __forceinline__ int32_t group_token(int32_t round, int u, bool wide) {
+  const int32_t t = static_cast<int32_t>(threadIdx.x);
+  if (sizeof(T) == 2 && wide) return round + 8 * ((u >> 1) * kChunkThreads + t) + 4 * (u & 1);
+  return round + 4 * (u * kChunkThreads + t);
+}
+static_assert(kLoadsInFlight % 2 == 0, "wide rounds load their groups in pairs");
+
+// This thread's kLoadsInFlight groups of a round (group u at group_token(round, u, wide), -inf
+// past `end`), every load (bitmask words first) issued before any is used.
 template <typename T, bool kMasked>
 __device__ __forceinline__ void load_round(const LogitsRow<T, kMasked>& row, int32_t round,
-                                           int32_t end, float (&l)[kLoadsInFlight][4]) {
-  const int32_t first = round + 4 * static_cast<int32_t>(threadIdx.x);
+                                           int32_t end, bool wide, float (&l)[kLoadsInFlight][4]) {
   uint32_t bits[kLoadsInFlight];
 #pragma unroll
-  for (int u = 0; u < kLoadsInFlight; ++u) bits[u] = mask_bits(row, first + 4 * u * kChunkThreads, end);
+  for (int u = 0; u < kLoadsInFlight; ++u) bits[u] = mask_bits(row, group_token<T>(round, u, wide), end);
+  bool loaded = false;
+  if constexpr (sizeof(T) == 2) {
+    if (wide) {
 #pragma unroll
-  for (int u = 0; u < kLoadsInFlight; ++u) load4(row, first + 4 * u * kChunkThreads, end, l[u]);
+      for (int u = 0; u < kLoadsInFlight; u += 2)
+        load8(row, group_token<T>(round, u, true), end, l[u], l[u + 1]);
+      loaded = true;
+    }
+  }
+  if (!loaded) {
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) load4(row, group_token<T>(round, u, false), end, l[u]);
+  }
 #pragma unroll
   for (int u = 0; u < kLoadsInFlight; ++u) apply_mask<kMasked>(bits[u], l[u]);
 }
@@ -159,13 +184,12 @@ __device__ __forceinline__ void load_round(const LogitsRow<T, kMasked>& row, int
 // first token.
 template <typename T, bool kMasked, typename F>
 __device__ __forceinline__ void for_each_round(const LogitsRow<T, kMasked>& row, int32_t begin,
-                                               int32_t end, F&& f) {
+                                               int32_t end, bool wide, F&& f) {
   for (int32_t round = begin; round < end; round += kRoundTokens) {
     float l[kLoadsInFlight][4];
-    load_round(row, round, end, l);
+    load_round(row, round, end, wide, l);
 #pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u)
-      f(l[u], round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x)));
+    for (int u = 0; u < kLoadsInFlight; ++u) f(l[u], group_token<T>(round, u, wide));
   }
 }
 
@@ -233,6 +257,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   if (a.stage_bitmask) row = stage_mask(row, begin, end, mask_stage, kChunkThreads);
   const PenaltySource pen = a.penalties ? penalty_source(a, p, r) : PenaltySource{};
   const float inv_t = 1.0f / p.temperature;  // estimates only; exact z = x / T where it counts
+  const bool wide = !a.want_raw;  // group_token
   if (a.penalties) mark_penalized_tokens<kChunkThreads>(pen, begin, end, bitmap);
 
   Candidate argmax{kNegInf, kNoId}, best{kNegInf, kNoId}, inf_best{kNegInf, kNoId};
@@ -257,7 +282,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     // thread would raise the shared bar at once and none would read it later (run 31: bs 1
     // 10.2 -> 13.1 us with it).
     constexpr bool kShareBest = !kFused;
-    for_each_round(row, begin, end, [&](float (&x)[4], int32_t i) {
+    for_each_round(row, begin, end, wide, [&](float (&x)[4], int32_t i) {
       const float x_max4 =
           process_group(x, i, begin, end, a, bitmap, pen, inf_count, raw_m, raw_s, nullptr);
       argmax.z = fmaxf(argmax.z, x_max4);
@@ -287,7 +312,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     });
   }
   if (p.greedy) {  // the argmax of the processed logits, tracked in registers
-    for_each_round(row, begin, end, [&](float (&x)[4], int32_t i) {
+    for_each_round(row, begin, end, wide, [&](float (&x)[4], int32_t i) {
       process_group(x, i, begin, end, a, bitmap, pen, inf_count, raw_m, raw_s, &argmax);
     });
   }
@@ -303,12 +328,12 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   int32_t rounds_done = 0;
   for (int32_t round = begin; round < rounds_end; round += kRoundTokens) {
     float l[kLoadsInFlight][4];
-    load_round(row, round, end, l);
+    load_round(row, round, end, wide, l);
     const float thr = threshold;
     const float thr_raw = admission_bound(thr, p.temperature);
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
-      const int32_t i = round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x));
+      const int32_t i = group_token<T>(round, u, wide);
       // Only whether any token is finite or +inf is needed from the processed logits.
       const float x_max4 = process_group(l[u], i, begin, end, a, bitmap, pen, inf_count, raw_m,
                                          raw_s, nullptr);
@@ -338,7 +363,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
       // risen) where no lane holds a candidate.
       const float z_max4 = fmaxf(fmaxf(l[u][0], l[u][1]), fmaxf(l[u][2], l[u][3]));
       if (!__any_sync(0xffffffffu, z_max4 > kNegInf && z_max4 >= admit)) continue;
-      const int32_t i = round + 4 * (u * kChunkThreads + static_cast<int32_t>(threadIdx.x));
+      const int32_t i = group_token<T>(round, u, wide);
 #pragma unroll
       for (int q = 0; q < 4; ++q)
         append_candidate(l[u][q] > kNegInf && l[u][q] >= admit, Candidate{l[u][q], i + q}, buf,

@@ -37,15 +37,19 @@ struct ChunkGeometry {
   int32_t chunk_len;
 };
 
+// No limit on a chunk's length: the largest that align_tokens cannot overflow.
+constexpr int32_t kNoChunkLimit = INT32_MAX / kAlignTokens * kAlignTokens;
+
 // Cuts rows of `vocab` tokens into `splits` chunks of `chunk_len` tokens: at most one wave of
 // blocks (the chunk kernels' kChunkBlocksPerSm resident blocks per SM; A/B on the H200,
 // RESULTS.md run 41: one wave beat two by 0-29 % at every route and batch size, fewer chunks
 // paying their start (the first group's exact scores, the buffer setup) and their reductions
 // fewer times), at most max_splits, chunks of at least 1024 tokens (and at most max_chunk_len, a
-// multiple of 4) starting 16-byte aligned. TOKENSAMPLER_CHUNK_BLOCKS_PER_SM overrides
-// kChunkBlocksPerSm (benchmarks compare waves). Shared by the sampling paths and raw_logprobs.
+// multiple of kAlignTokens) starting 16-byte aligned in every dtype (load4, load8).
+// TOKENSAMPLER_CHUNK_BLOCKS_PER_SM overrides kChunkBlocksPerSm (benchmarks compare waves). Shared
+// by the sampling paths and raw_logprobs.
 inline ChunkGeometry chunk_geometry(int32_t vocab, int64_t rows, int64_t max_splits,
-                                    int32_t max_chunk_len = INT32_MAX - 3) {
+                                    int32_t max_chunk_len = kNoChunkLimit) {
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const char* v = std::getenv("TOKENSAMPLER_CHUNK_BLOCKS_PER_SM");
   const int blocks_per_sm = v != nullptr ? std::max(1, std::atoi(v)) : kChunkBlocksPerSm;
@@ -53,12 +57,12 @@ inline ChunkGeometry chunk_geometry(int32_t vocab, int64_t rows, int64_t max_spl
   splits = std::min<int64_t>({splits, max_splits, std::max<int64_t>(1, vocab / 1024)});
   splits = std::max<int64_t>(splits, (vocab + max_chunk_len - 1) / max_chunk_len);
   int32_t chunk_len = static_cast<int32_t>((vocab + splits - 1) / splits);
-  chunk_len = (chunk_len + 3) / 4 * 4;
+  chunk_len = align_tokens(chunk_len);
   return {static_cast<int32_t>((vocab + chunk_len - 1) / chunk_len), chunk_len};
 }
 
 inline void set_chunks(Args& a, int64_t rows, int64_t max_splits,
-                       int32_t max_chunk_len = INT32_MAX - 3) {
+                       int32_t max_chunk_len = kNoChunkLimit) {
   const ChunkGeometry g = chunk_geometry(a.vocab, rows, max_splits, max_chunk_len);
   a.splits = g.splits;
   a.chunk_len = g.chunk_len;
