@@ -21,7 +21,10 @@ constexpr int kChunkThreads = 256;
 // Resident chunk-kernel blocks per SM (every chunk kernel's launch bound, so none needs more than
 // 64 registers a thread): set_chunks sizes a step's blocks to one wave of them.
 constexpr int kChunkBlocksPerSm = 4;
-constexpr int kFinishThreads = 256;  // the size of the single launch's finishing block (kChunkThreads)
+// The finish kernel's block: the single launch's finishing block size (kChunkThreads), so no
+// other instantiation of the block primitives. Its steps are barrier-bound over a few hundred
+// candidates: 256 beat 512 by 4-11 % on top-k + top-p at 32-512 rows (RESULTS.md, run 68).
+constexpr int kFinishThreads = 256;
 constexpr int kLoadsInFlight = 4;  // 16-byte loads per thread per round (bytes in flight per SM)
 constexpr int kRoundTokens = kChunkThreads * 4 * kLoadsInFlight;
 constexpr int kCompactAt = 512;                        // buffer entries that trigger a cut to k
