@@ -20,12 +20,12 @@ bool try_sample(const SampleRowsCall& c) {
   const int64_t rows = c.logits.size(0);
   Args a{};
   static_cast<split_row::Args&>(a) = split_row::common_args(c);
-  split_row::set_chunks(a, rows, split_row::kMaxSplits, kMaxChunkTokens);
+  const split_row::ChunkGeometry g =
+      split_row::set_chunks(a, rows, split_row::kMaxSplits, kMaxChunkTokens);
   // Kernel 3 spreads the undecided top-p rows only where the rows alone do not fill the machine
-  // (the splits chunk_geometry picks for balance, before kMaxChunkTokens' floor: 3 at vocab
-  // 151936): where they do, the grid is full already, and spreading would only add each block a
-  // second setup.
-  a.spread = split_row::chunk_geometry(a.vocab, rows, split_row::kMaxSplits).splits > 1;
+  // (balance_splits: before kMaxChunkTokens' floor of 3 splits at vocab 151936): where they do,
+  // the grid is full already, and spreading would only add each block a second setup.
+  a.spread = g.balance_splits > 1;
 
   // Chunk results, cut lists, histogram masses and counts, list lengths, row cuts, spread rows
   // (and their count behind them), the spread blocks' best, mass sums, histogram rows (and

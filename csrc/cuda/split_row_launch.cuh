@@ -35,6 +35,8 @@ inline Args common_args(const SampleRowsCall& c) {
 struct ChunkGeometry {
   int32_t splits;
   int32_t chunk_len;
+  int32_t balance_splits;  // the splits one wave asks for, before max_chunk_len's floor: 1 where
+                           // the rows alone fill the wave
 };
 
 // No limit on a chunk's length: the largest that align_tokens cannot overflow.
@@ -55,17 +57,20 @@ inline ChunkGeometry chunk_geometry(int32_t vocab, int64_t rows, int64_t max_spl
   const int blocks_per_sm = v != nullptr ? std::max(1, std::atoi(v)) : kChunkBlocksPerSm;
   int64_t splits = std::max<int64_t>(1, blocks_per_sm * sms / rows);
   splits = std::min<int64_t>({splits, max_splits, std::max<int64_t>(1, vocab / 1024)});
+  const auto balance_splits = static_cast<int32_t>(splits);
   splits = std::max<int64_t>(splits, (vocab + max_chunk_len - 1) / max_chunk_len);
   int32_t chunk_len = static_cast<int32_t>((vocab + splits - 1) / splits);
   chunk_len = align_tokens(chunk_len);
-  return {static_cast<int32_t>((vocab + chunk_len - 1) / chunk_len), chunk_len};
+  return {static_cast<int32_t>((vocab + chunk_len - 1) / chunk_len), chunk_len, balance_splits};
 }
 
-inline void set_chunks(Args& a, int64_t rows, int64_t max_splits,
-                       int32_t max_chunk_len = kNoChunkLimit) {
+// Sets a's chunks (chunk_geometry) and returns the geometry.
+inline ChunkGeometry set_chunks(Args& a, int64_t rows, int64_t max_splits,
+                                int32_t max_chunk_len = kNoChunkLimit) {
   const ChunkGeometry g = chunk_geometry(a.vocab, rows, max_splits, max_chunk_len);
   a.splits = g.splits;
   a.chunk_len = g.chunk_len;
+  return g;
 }
 
 // Consecutive sections of the given byte sizes, each workspace-aligned: carved from the call's
