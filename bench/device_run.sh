@@ -53,6 +53,9 @@ if [ -d .fi/fi ]; then
   FI_PID=$!
 fi
 
+# A variant built on this (warm) machine left its objects in build/; the next call's copy of the
+# sources keeps their older mtimes, so ninja would keep the variant's objects: rebuild them.
+if [ -f build/.variant_built ]; then find csrc -type f -exec touch {} +; rm -f build/.variant_built; fi
 start=$(date +%s)
 if ! python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1; then
   tail -60 "$OUT/build.log"
@@ -100,6 +103,7 @@ for spec in "${VARIANTS[@]}"; do
     revert_variant "${applied[@]}"
     continue
   fi
+  mkdir -p build && touch build/.variant_built
   if python3 -m pip install --no-build-isolation --no-deps -v . > "$dir/build.log" 2>&1; then
     python3 -m pytest -q -p no:cacheprovider ${VARIANT_TEST_ARGS:-$TEST_ARGS} > "$dir/tests.log" 2>&1
     echo "variant $name GPU tests: $(tail -1 "$dir/tests.log")" | tee -a "$OUT/gpu.txt"

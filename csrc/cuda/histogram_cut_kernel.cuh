@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   float winner_z = kNegInf;
   float raw_m = kNegInf, raw_s = 0.0f;
   int32_t inf_count = 0;
-  split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, !a.want_raw,
+  split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, a.wide_loads(),
                             [&](float (&x)[4], int32_t i) {
     const float x_max4 = split_row::process_group(x, i, c.begin, c.end, a, bitmap, pen, inf_count,
                                                   raw_m, raw_s, &argmax);

@@ -153,6 +153,11 @@ struct Args : StepRows {
   int32_t* out_tokens;
   bool* out_invalid;
   float* out_logprobs;
+
+  // 2-byte rows read 8 tokens a 16-byte load (group_token), except in steps with logprobs: their
+  // raw partials are float sums in each thread's token order, which must be fp32's, so a 2-byte
+  // row and its fp32 copy give the same logprobs.
+  __host__ __device__ bool wide_loads() const { return !want_raw; }
 };
 
 struct RowParams {

@@ -218,8 +218,10 @@ __device__ __forceinline__ void append_candidate(bool take, Candidate c, Candida
 
 // kFused (the single launch): the last block of each row to finish its chunk (a per-row ticket)
 // finishes the row itself, so a step is one kernel. kMasked: the step has a grammar bitmask;
-// without one the loops carry no bitmask code (they run at the 64-register cap).
-template <typename T, bool kFused, bool kMasked>
+// without one the loops carry no bitmask code (they run at the 64-register cap). kWide: 2-byte
+// rows in steps without logprobs read 8 tokens a load (group_token); a template parameter, so
+// each kernel carries one loop layout.
+template <typename T, bool kFused, bool kMasked, bool kWide = false>
 __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     chunk_kernel(const T* __restrict__ logits, Args a) {
   // Dynamic shared memory: [penalty bitmap, if penalties][candidate buffer, if top-k rows]
@@ -257,7 +259,8 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   if (a.stage_bitmask) row = stage_mask(row, begin, end, mask_stage, kChunkThreads);
   const PenaltySource pen = a.penalties ? penalty_source(a, p, r) : PenaltySource{};
   const float inv_t = 1.0f / p.temperature;  // estimates only; exact z = x / T where it counts
-  const bool wide = !a.want_raw;  // group_token
+  static_assert(!kWide || sizeof(T) == 2, "wide loads serve the 2-byte types");
+  constexpr bool wide = kWide;  // group_token
   if (a.penalties) mark_penalized_tokens<kChunkThreads>(pen, begin, end, bitmap);
 
   Candidate argmax{kNegInf, kNoId}, best{kNegInf, kNoId}, inf_best{kNegInf, kNoId};

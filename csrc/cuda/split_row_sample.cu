@@ -24,6 +24,13 @@ static bool top_k_step(const SampleRowsCall& c) {
   return is_top_k_route(c.route) && c.max_top_k >= 1 && c.max_top_k <= kSplitRowMaxTopK;
 }
 
+// The chunk kernel of a step: the single launch or not, masked or not, wide loads or not.
+template <typename T, bool kWide>
+static auto chunk_kernel_of(bool fused, bool masked) {
+  return fused ? (masked ? chunk_kernel<T, true, true, kWide> : chunk_kernel<T, true, false, kWide>)
+               : (masked ? chunk_kernel<T, false, true, kWide> : chunk_kernel<T, false, false, kWide>);
+}
+
 // Launches the split-row kernels over the call's rows, with the call's arguments in `a`.
 static void launch_rows(const SampleRowsCall& c, Args a) {
   const int64_t max_top_k = c.max_top_k;
@@ -63,8 +70,9 @@ static void launch_rows(const SampleRowsCall& c, Args a) {
   auto run = [&](auto tag) {
     using T = decltype(tag);
     const T* x = c.logits.data_ptr<T>();
-    auto* chunk = fused ? (masked ? chunk_kernel<T, true, true> : chunk_kernel<T, true, false>)
-                        : (masked ? chunk_kernel<T, false, true> : chunk_kernel<T, false, false>);
+    constexpr bool kHalf = sizeof(T) == 2;
+    auto* chunk = kHalf && a.wide_loads() ? chunk_kernel_of<T, kHalf>(fused, masked)
+                                          : chunk_kernel_of<T, false>(fused, masked);
     const size_t limit = dynamic_smem_limit(chunk);
     TORCH_CHECK(base_smem <= limit, "split-row chunk kernel: ", base_smem,
                 " bytes of shared memory over its limit ", limit);
