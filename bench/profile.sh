@@ -6,7 +6,11 @@
 # (mask: a grammar bitmask of bitmask_bench.py's densities, half or json, given to the step)
 # Output: appended to $OUT/profiles.txt (one file however many shapes; the device tool brings
 # back at most 8 files) and a per-kernel summary table on stdout.
-#   PROFILE_DETAIL=1: ncu sections (occupancy, warp stalls, instruction counts, hot source lines)
+#   PROFILE_DETAIL=1: ncu sections (occupancy, warp stalls, instruction counts) and each kernel's
+#     hottest source lines by warp-stall samples (bench/ncu_hot_lines.py, from the report's
+#     source page), appended to profiles.txt too.
+#   PROFILE_CACHE=none: ncu keeps caches between its replay passes (default: flushes them), so
+#     a bs-1 kernel runs with the warm instruction cache a graph replay has.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench/out}
@@ -57,13 +61,21 @@ WHAT=(--metrics "$METRICS")
                                      --section SourceCounters --import-source yes)
 INCLUDE=()
 for shape in "${SHAPES[@]}"; do INCLUDE+=(--nvtx-include "sample $shape/"); done
-if timeout "${PROFILE_TIMEOUT:-420}" ncu --clock-control none --nvtx "${INCLUDE[@]}" --csv \
-     --print-units base "${WHAT[@]}" python3 /tmp/ts_profile_steps.py ncu "${SHAPES[@]}" \
-     > /tmp/ncu_profile.txt 2>&1; then
+REPORT=/tmp/ts_ncu_report
+rm -f "$REPORT.ncu-rep"
+if timeout "${PROFILE_TIMEOUT:-420}" ncu --clock-control none --cache-control "${PROFILE_CACHE:-all}" \
+     --nvtx "${INCLUDE[@]}" "${WHAT[@]}" -o "$REPORT" \
+     python3 /tmp/ts_profile_steps.py ncu "${SHAPES[@]}" > /tmp/ncu_run.txt 2>&1 &&
+   ncu -i "$REPORT.ncu-rep" --csv --print-units base --page details > /tmp/ncu_profile.txt 2>&1; then
   { echo "=== ncu: ${SHAPES[*]}"; cat /tmp/ncu_profile.txt; } >> "$OUT/profiles.txt"
   python3 bench/ncu_summary.py /tmp/ncu_profile.txt
+  if [ "${PROFILE_DETAIL:-0}" = 1 ]; then
+    ncu -i "$REPORT.ncu-rep" --csv --page source --print-source cuda > /tmp/ncu_source.txt 2>&1
+    { echo "=== ncu hot lines: ${SHAPES[*]}"; python3 bench/ncu_hot_lines.py /tmp/ncu_source.txt; } |
+      tee -a "$OUT/profiles.txt" | tail -80
+  fi
 else
-  tail -5 /tmp/ncu_profile.txt
+  tail -5 /tmp/ncu_run.txt /tmp/ncu_profile.txt 2>/dev/null
   echo "ncu unavailable here; Kineto trace instead"
   { echo "=== kineto: ${SHAPES[*]}"; python3 /tmp/ts_profile_steps.py kineto "${SHAPES[@]}"; } |
     tee -a "$OUT/profiles.txt"
