@@ -91,6 +91,8 @@ for spec in "${VARIANTS[@]}"; do
   IFS='+' read -r -a patch_files <<< "$spec"
   name=$(for f in "${patch_files[@]}"; do basename "$f" .patch; done | paste -sd+ -)
   dir="$OUT/variants/$name"
+  n=1
+  while [ -e "$dir" ]; do n=$((n + 1)); dir="$OUT/variants/$name.$n"; done  # a variant run twice
   mkdir -p "$dir"
   echo "== variant $name"
   applied=()
