@@ -1,5 +1,5 @@
-"""Each profiled kernel's hottest CUDA source lines by warp-stall samples, from
-`ncu -i report --csv --page source --print-source cuda` (bench/profile.sh, PROFILE_DETAIL=1).
+"""Each profiled kernel's hottest source lines (or SASS instructions) by warp-stall samples, from
+`ncu -i report --csv --page source --print-source cuda|sass` (bench/profile.sh, PROFILE_DETAIL=1).
 
 The source page prints one table per kernel (a header row naming the columns, then a row per
 source line), each after a line naming the kernel; the columns differ between ncu versions, so
@@ -15,7 +15,7 @@ TOP = 12
 
 
 def sample_column(header: list[str]) -> int | None:
-    for want in ("Warp Stall Sampling (All", "Warp Stall Sampling", "Sampling"):
+    for want in ("Warp Stall Sampling (All", "Warp Stall Sampling", "# Samples", "Sampling"):
         for i, name in enumerate(header):
             if want in name:
                 return i

@@ -70,9 +70,11 @@ if timeout "${PROFILE_TIMEOUT:-420}" ncu --clock-control none --cache-control "$
   { echo "=== ncu: ${SHAPES[*]}"; cat /tmp/ncu_profile.txt; } >> "$OUT/profiles.txt"
   python3 bench/ncu_summary.py /tmp/ncu_profile.txt
   if [ "${PROFILE_DETAIL:-0}" = 1 ]; then
-    ncu -i "$REPORT.ncu-rep" --csv --page source --print-source cuda > /tmp/ncu_source.txt 2>&1
-    { echo "=== ncu hot lines: ${SHAPES[*]}"; python3 bench/ncu_hot_lines.py /tmp/ncu_source.txt; } |
-      tee -a "$OUT/profiles.txt" | tail -80
+    for view in cuda sass; do  # source lines (-lineinfo), then the SASS instructions
+      ncu -i "$REPORT.ncu-rep" --csv --page source --print-source "$view" > /tmp/ncu_source.txt 2>&1
+      { echo "=== ncu hot $view lines: ${SHAPES[*]}"; python3 bench/ncu_hot_lines.py /tmp/ncu_source.txt; } |
+        tee -a "$OUT/profiles.txt" | tail -60
+    done
   fi
 else
   tail -5 /tmp/ncu_run.txt /tmp/ncu_profile.txt 2>/dev/null
