@@ -16,16 +16,14 @@ COLUMNS = [("gpu__time_duration.sum", "us", 1e-3), ("dram__bytes_read.sum", "MB"
            ("sm__warps_active.avg.pct_of_peak_sustained_active", "warps%", 1),
            ("smsp__inst_executed.sum", "Minst", 1e-6),
            ("launch__registers_per_thread", "regs", 1), ("launch__grid_size", "grid", 1)]
-# PROFILE_DETAIL=1 collects ncu sections, whose rows name the same quantities differently
-# (issue% and warps% become cycles per issued instruction and achieved occupancy there).
-SECTION_NAMES = {"Duration": "gpu__time_duration.sum",
-                 "DRAM Throughput": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-                 "Compute (SM) Throughput": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
-                 "Warp Cycles Per Issued Instruction": "smsp__issue_active.avg.pct_of_peak_sustained_active",
-                 "Achieved Occupancy": "sm__warps_active.avg.pct_of_peak_sustained_active",
-                 "Issued Instructions": "smsp__inst_executed.sum",
-                 "Registers Per Thread": "launch__registers_per_thread",
-                 "Grid Size": "launch__grid_size"}
+# PROFILE_DETAIL=1 collects ncu sections instead, whose rows name their quantities differently
+# and give cycles per issued instruction and achieved occupancy where the metrics give issue-slot
+# use and warps active.
+SECTION_COLUMNS = [("Duration", "us", 1e-3), ("DRAM Throughput", "dram%", 1),
+                   ("Compute (SM) Throughput", "sm%", 1),
+                   ("Warp Cycles Per Issued Instruction", "cyc/ins", 1),
+                   ("Achieved Occupancy", "occ%", 1), ("Issued Instructions", "Minst", 1e-6),
+                   ("Registers Per Thread", "regs", 1), ("Grid Size", "grid", 1)]
 
 
 def main(path: str) -> None:
@@ -42,21 +40,12 @@ def main(path: str) -> None:
         nvtx = nvtx.split("sample ")[-1].split(":none")[0].strip('" ')
         name = r["Kernel Name"].split("(")[0].removeprefix("void ").replace("split_row::", "")
         key = (r["ID"], nvtx, name.replace("histogram_cut::", "hist::"))
-        metric = SECTION_NAMES.get(r["Metric Name"], r["Metric Name"])
-        if r.get("Section Name") and metric == "gpu__time_duration.sum":
-            metric = "duration_ns"  # sections print ns with --print-units base, like the metric
-        kernels.setdefault(key, {})[metric] = (r["Metric Value"] or "").replace(",", "")
-    detail = any("duration_ns" in m for m in kernels.values())
-    for m in kernels.values():
-        if "duration_ns" in m:
-            m["gpu__time_duration.sum"] = m.pop("duration_ns")
-    heads = [c[1] for c in COLUMNS]
-    if detail:
-        heads[heads.index("issue%")], heads[heads.index("warps%")] = "cyc/ins", "occ%"
-    print(f"{'shape':<20} {'kernel':<34} " + " ".join(f"{h:>7}" for h in heads))
+        kernels.setdefault(key, {})[r["Metric Name"]] = (r["Metric Value"] or "").replace(",", "")
+    columns = SECTION_COLUMNS if any("Duration" in m for m in kernels.values()) else COLUMNS
+    print(f"{'shape':<20} {'kernel':<34} " + " ".join(f"{c[1]:>7}" for c in columns))
     for (_, shape, name), m in kernels.items():
         cells = []
-        for metric, _, scale in COLUMNS:
+        for metric, _, scale in columns:
             try:
                 cells.append(f"{float(m[metric]) * scale:7.1f}")
             except (KeyError, ValueError):
