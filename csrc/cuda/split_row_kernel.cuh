@@ -11,7 +11,8 @@
 //   - no-filter rows: the best z + G of the chunk. Noise is keyed by token id, so it is needed
 //     only where it can win: a cheap exact upper bound on G from the random word's leading
 //     zeros (G = -ln(-ln u) <= -ln(1 - u)) skips the two logs for almost every token;
-//   - top-k rows: the chunk's k best (z, id). Candidates at or above a running threshold go to a
+//   - top-k rows: the chunk's k best (z, id), or every held candidate where they fit its k_cap
+//     slots. Candidates at or above a running threshold go to a
 //     shared-memory buffer; when it holds more than kCompactAt, an exact select (block_select.cuh)
 //     cuts it back to k and raises the threshold. The first round's threshold is the k-th
 //     largest of the threads' maxima, so even the first round admits few.
@@ -109,19 +110,17 @@ inline __device__ __noinline__ float gumbel_score(float x, float temperature, ui
 // past `end`), counts the raw +inf entries (raw logprobs; a bias can make more), folds the raw
 // (max, sum-exp) partials when wanted, and applies penalties / bias to the marked tokens.
 // Returns the group's largest processed logit; greedy rows (argmax != nullptr) also track the
-// argmax. The common group (finite logits, no penalties) costs a few min/max: fmaxf drops NaN,
-// and NaN / +inf are found with one sum (NaN when any is NaN, or +inf beside -inf).
+// argmax. The common group (finite logits, no penalties) costs a few min/max: fmaxf(x, -inf) is
+// sanitize_logit (fmaxf returns its other operand for a NaN, x for anything else), one
+// instruction a token where a NaN test and selects took three.
 __device__ __forceinline__ float process_group(float (&x)[4], int32_t i, int32_t begin,
                                                int32_t end, const Args& a,
                                                const uint32_t* bitmap, const PenaltySource& pen,
                                                int32_t& inf_count, float& raw_m, float& raw_s,
                                                Candidate* argmax) {
-  float x_max4 = fmaxf(fmaxf(kNegInf, fmaxf(x[0], x[1])), fmaxf(x[2], x[3]));
-  const float sum = (x[0] + x[1]) + (x[2] + x[3]);
-  if (sum != sum) {
 #pragma unroll
-    for (int q = 0; q < 4; ++q) x[q] = sanitize_logit(x[q]);
-  }
+  for (int q = 0; q < 4; ++q) x[q] = fmaxf(x[q], kNegInf);
+  float x_max4 = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
   if (x_max4 == INFINITY) {
 #pragma unroll
     for (int q = 0; q < 4; ++q) inf_count += x[q] == INFINITY;
@@ -232,7 +231,10 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   __shared__ float red_m[kChunkThreads / 32], red_s[kChunkThreads / 32];
   __shared__ int32_t red_count[2 * kChunkThreads / 32];
   __shared__ int32_t buf_count, compact_counter, keep_count;
-  __shared__ float threshold;
+  // Top-k rows: the running threshold on z and its admission bound on the raw logits
+  // (admission_bound: a product and four ulp steps, which thread 0 works out once per raise
+  // instead of every thread every round).
+  __shared__ float threshold, threshold_raw;
   __shared__ BlockBest best_seen;  // no-filter rows
   __shared__ int32_t edge_ids[2];  // top-k rows: edge_ids_of
   __shared__ bool finishes_row;
@@ -268,7 +270,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   int32_t inf_count = 0;
   if (threadIdx.x == 0) {
     buf_count = 0;
-    threshold = kNegInf;
+    threshold = threshold_raw = kNegInf;  // admission_bound(-inf, T) for every T > 0
     best_seen.reset();
     edge_ids[0] = edge_ids[1] = kNoId;
   }
@@ -333,7 +335,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     float l[kLoadsInFlight][4];
     load_round(row, round, end, wide, l);
     const float thr = threshold;
-    const float thr_raw = admission_bound(thr, p.temperature);
+    const float thr_raw = threshold_raw;
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
       const int32_t i = group_token<T>(round, u, wide);
@@ -374,20 +376,21 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     }
     __syncthreads();
     const int held = buf_count;
+    float next = admit;  // the next round's threshold
     if (held > kCompactAt) {
       keep_top_k<kChunkThreads, kBufferCap / kChunkThreads>(buf, held, k, held, red_count,
                                                            &compact_counter);
-      // The smallest kept z: nothing below it can enter the chunk's top-k.
+      // The smallest kept z (at or above admit): nothing below it can enter the chunk's top-k.
       Candidate lowest{kNegInf, kNoId};  // holds -z
       for (int e = threadIdx.x; e < k; e += kChunkThreads)
         lowest = best_of(lowest, Candidate{-buf[e].z, buf[e].id});
       lowest = block_best<kChunkThreads>(lowest, scratch);
-      if (threadIdx.x == 0) {
-        buf_count = k;
-        threshold = -lowest.z;
-      }
-    } else if (admit > thr && threadIdx.x == 0) {
-      threshold = admit;
+      next = -lowest.z;
+      if (threadIdx.x == 0) buf_count = k;
+    }
+    if (next > thr && threadIdx.x == 0) {
+      threshold = next;
+      threshold_raw = admission_bound(next, p.temperature);
     }
     __syncthreads();
   }
@@ -399,10 +402,15 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     red_m[w] = raw_m;
     red_s[w] = raw_s;
   }
-  if (top_k_rows) {  // exactly the chunk's k best, in no particular order
+  if (top_k_rows) {  // the chunk's k best, or more where they fit, in no particular order
+    // Held candidates that fit the k_cap slots all go (every token at or above the admission
+    // bar is held, and the bar is at most the chunk's k-th z, so they hold its top k): the row's
+    // finishing block cuts exactly anyway. A chunk of one or two rounds (steps of up to ~16 rows)
+    // holds ~1.1 k, so it skips the four radix passes of the cut.
     const int held = buf_count;
-    const int kept = keep_top_k<kChunkThreads, kBufferCap / kChunkThreads>(
-        buf, held, k, held, red_count, &compact_counter);
+    const int kept = held <= a.k_cap ? held
+                                     : keep_top_k<kChunkThreads, kBufferCap / kChunkThreads>(
+                                           buf, held, k, held, red_count, &compact_counter);
     Candidate* dst = a.chunk_candidates + int64_t{blockIdx.x} * a.k_cap;
     for (int e = threadIdx.x; e < a.k_cap; e += kChunkThreads)
       dst[e] = e < kept ? buf[e] : Candidate{kNegInf, kNoId};  // holes: the finisher copies slots
