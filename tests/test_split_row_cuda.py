@@ -176,6 +176,52 @@ def test_split_row_top_k_ties_and_orders(kind, top_k):
     assert torch.equal(t_cpu, t_gpu)
 
 
+def boundary_tie_logits(bs, V, k, above, tied, dtype, seed):
+    """Rows whose top-k ends inside a run of ties on z: three tokens at H with the lowest ids,
+    and, in a window near V / 2, `above` tokens one ulp over H and `tied` at H (background far
+    below). The row's top-k is the `above` ones, then the ties by id: the three low ids first,
+    then the window's lowest, so a chunk that keeps the wrong ties, or too few, changes it (on
+    the CPU reference, dropping the window's lowest tie changes 3-116 of a test's draws)."""
+    H = 5.0
+    up = H + 2.0 ** -5  # one bf16 ulp in [4, 8): distinct in every dtype
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(bs, V, generator=g) * 0.5 - 8).to(torch.bfloat16).float()
+    logits[:, [11, 108, 205]] = H
+    begin = V // 2 + 17
+    for r in range(bs):
+        spots = begin + torch.randperm(2 * (above + tied), generator=g)[:above + tied]
+        logits[r, spots[:above]] = up
+        logits[r, spots[above:]] = H
+    return logits.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bs", [3, 64])
+@pytest.mark.parametrize("k", [8, 20, 50])
+@pytest.mark.parametrize("fit", ["k_cap-2", "k_cap", "k_cap+1", "none_above"])
+def test_top_k_cut_inside_a_run_of_ties_matches_cpu(fit, k, bs, dtype):
+    """The split-row chunks keep the k-th's ties on z where the kept set fits the step's k_cap
+    slots (64 here: row 0 asks top_k 64) and break them by id otherwise; the finishing block's
+    cut is exact. The ties straddle the row's k-th (the `above` tokens fill k - 5 places, the
+    three low ids 3, the window's ties the last 2; none above: k - 3 window ties), in
+    the single launch (bs 3) and the two-kernel path (bs 64), half the rows with top-p 0.9,
+    which cuts inside the ties by id order."""
+    V, k_cap = 151936, 64
+    above = 0 if fit == "none_above" else k - 5
+    tied = {"k_cap-2": k_cap - 2, "k_cap": k_cap, "k_cap+1": k_cap + 1,
+            "none_above": k + 3}[fit] - above
+    cpu, gpu = backends(V, bs)
+    sps = [ts.SamplingParams(seed=300 + i, temperature=0.7, top_k=64 if i == 0 else k,
+                             top_p=0.9 if i % 2 else 1.0) for i in range(bs)]
+    for b in (cpu, gpu):
+        b.prepare_step([f"r{i}" for i in range(bs)], list(range(1, bs + 1)), sps)
+    logits = boundary_tie_logits(bs, V, k, above, tied, dtype, seed=k * 10 + bs)
+    for t0 in range(3, 3 + 192 // bs):  # 192 draws or more
+        t_cpu, _ = run(cpu, logits, bs, t0, "cpu")
+        t_gpu, _ = run(gpu, logits, bs, t0, "cuda")
+        assert torch.equal(t_cpu, t_gpu)
+
+
 VARIANT_PARAMS = {  # rows whose parameters select each capture variant at replay
     "default": [dict(temperature=0.9, top_k=40), dict(temperature=0.9, top_p=0.8)],
     "no_filter": [dict(temperature=0.9)],

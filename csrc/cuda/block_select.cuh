@@ -40,10 +40,12 @@ __device__ __forceinline__ int32_t block_count(int32_t c, int32_t* red, int& par
   return total;
 }
 
-// Boundary of the top-k: a candidate is kept iff key > key, or key == key and id <= id.
+// Boundary of the top-k: a candidate is kept iff key > key, or key == key and id <= id; `kept`
+// of them.
 struct Cut {
   uint32_t key;
   int32_t id;
+  int32_t kept;
 };
 
 __device__ __forceinline__ bool kept_by(const Cut& cut, const Candidate& c) {
@@ -145,24 +147,28 @@ __device__ __forceinline__ uint32_t radix_select(const Candidate* buf, int n, in
   return value;
 }
 
-// The exact top-k cut of buf[0, n) (empty slots: id kNoId), 1 <= k <= real candidates. `red`
-// holds kThreads / 32 ints at least (unused by one warp).
+// The top-k cut of buf[0, n) (empty slots: id kNoId), 1 <= k <= real candidates. `red` holds
+// kThreads / 32 ints at least (unused by one warp). Exact where cap <= k. With cap > k (a buffer
+// without empty slots: `kept` counts the boundary key's candidates), the candidates tied on z
+// with the k-th are all kept where that keeps at most cap: a superset of the top-k, for a later
+// exact cut, without the id passes (2-byte logits tie on the boundary in most chunks: ~60 % of
+// bf16 randn chunks at k = 50).
 // Loops stay rolled and the functions out of line: they run a few times per block, next to hot
 // loops that need the instruction cache.
 template <int kThreads>
-__device__ __noinline__ Cut select_cut(const Candidate* buf, int n, int k, int32_t* red) {
+__device__ __noinline__ Cut select_cut(const Candidate* buf, int n, int k, int cap, int32_t* red) {
   __shared__ RadixSmem sm;
   int32_t need = k, tied = 0;
   const uint32_t key = radix_select<kThreads, true>(
       buf, n, need, tied, [](const Candidate& c) { return slot_key(c); },
       [](const Candidate&) { return true; }, sm, red);
-  int32_t id = kNoId - 1;  // every tie kept
-  if (need < tied) {       // the need-th smallest id among the ties
-    id = static_cast<int32_t>(radix_select<kThreads, false>(
-        buf, n, need, tied, [](const Candidate& c) { return static_cast<uint32_t>(c.id); },
-        [&](const Candidate& c) { return slot_key(c) == key; }, sm, red));
-  }
-  return Cut{key, id};
+  const int32_t with_ties = k - need + tied;  // k - need candidates lie above the boundary z
+  if (need == tied || with_ties <= cap) return Cut{key, kNoId - 1, with_ties};  // every tie kept
+  // the need-th smallest id among the ties
+  const int32_t id = static_cast<int32_t>(radix_select<kThreads, false>(
+      buf, n, need, tied, [](const Candidate& c) { return static_cast<uint32_t>(c.id); },
+      [&](const Candidate& c) { return slot_key(c) == key; }, sm, red));
+  return Cut{key, id, k};
 }
 
 // A lower bound of the k-th largest of the threads' keys, to 16 key bits (16 barrier counts):
@@ -203,8 +209,9 @@ __device__ __forceinline__ int compact_candidates(Candidate* buf, int n, Keep ke
   return *counter;
 }
 
-// Keeps the exact top-k of buf[0, n) and moves them to buf[0, k) (in no particular order).
-// Returns the new count, min(k, real candidates) when `real` is that count. Syncs.
+// Keeps the top-k of buf[0, n) (exact; with cap > k, plus the k-th's ties on z up to cap:
+// select_cut) and moves them to buf[0, count) (in no particular order). Returns count: min(k,
+// real candidates) when `real` is that count, or up to cap with the ties. Syncs.
 // kNarrowCut (same cut, so the same tokens; for a row's one finishing block, where the cut is
 // serial work): when k <= kThreads and n is large, the candidates below the k-th largest of the
 // threads' maxima (a lower bound of the k-th key) are dropped first; a set of at most
@@ -212,7 +219,8 @@ __device__ __forceinline__ int compact_candidates(Candidate* buf, int n, Keep ke
 // chunk kernels keep the block-wide cut: with many blocks per SM it measured faster at 128 rows
 // (bench/RESULTS.md, 2026-12-04, with the bisection select_cut had then).
 template <int kThreads, int kPerThread, bool kNarrowCut = false>
-__device__ __noinline__ int keep_top_k(Candidate* buf, int n, int k, int real, int32_t* red, int32_t* counter) {
+__device__ __noinline__ int keep_top_k(Candidate* buf, int n, int k, int real, int32_t* red,
+                                      int32_t* counter, int cap = 0) {
   if (real == 0) return 0;
   if (real <= k && real == n) return n;
   k = min(k, real);
@@ -226,22 +234,23 @@ __device__ __noinline__ int keep_top_k(Candidate* buf, int n, int k, int real, i
       if (n == k) return k;
     }
   }
-  Cut cut{0u, 0};
+  Cut cut{0u, 0, 0};
   if (kNarrowCut && n <= kWarpSelectMax) {
-    if (threadIdx.x < 32) cut = select_cut<32>(buf, n, k, red);  // red unused by one warp
+    if (threadIdx.x < 32) cut = select_cut<32>(buf, n, k, cap, red);  // red unused by one warp
     __syncthreads();  // every earlier read of red and of `counter` done
     if (threadIdx.x == 0) {
       red[0] = static_cast<int32_t>(cut.key);
       red[1] = cut.id;
+      red[2] = cut.kept;
     }
     __syncthreads();
-    cut = Cut{static_cast<uint32_t>(red[0]), red[1]};
+    cut = Cut{static_cast<uint32_t>(red[0]), red[1], red[2]};
   } else {
-    cut = select_cut<kThreads>(buf, n, k, red);
+    cut = select_cut<kThreads>(buf, n, k, cap, red);
   }
   compact_candidates<kThreads, kPerThread>(buf, n, [&](const Candidate& c) { return kept_by(cut, c); },
                                            counter);
-  return k;
+  return cut.kept;
 }
 
 // Sorts buf[0, n) (n a power of two) into rank order with a block-wide bitonic network.

@@ -11,10 +11,11 @@
 //   - no-filter rows: the best z + G of the chunk. Noise is keyed by token id, so it is needed
 //     only where it can win: a cheap exact upper bound on G from the random word's leading
 //     zeros (G = -ln(-ln u) <= -ln(1 - u)) skips the two logs for almost every token;
-//   - top-k rows: the chunk's k best (z, id), or every held candidate where they fit its k_cap
-//     slots. Candidates at or above a running threshold go to a
-//     shared-memory buffer; when it holds more than kCompactAt, an exact select (block_select.cuh)
-//     cuts it back to k and raises the threshold. The first round's threshold is the k-th
+//   - top-k rows: the chunk's k best (z, id), with the k-th's ties on z for 2-byte logits, or
+//     every held candidate, where they fit its k_cap slots (the finisher's cut is exact).
+//     Candidates at or above a running threshold go to a shared-memory buffer; when it holds
+//     more than kCompactAt, a select (block_select.cuh) cuts it back to those and raises the
+//     threshold. The first round's threshold is the k-th
 //     largest of the threads' maxima, so even the first round admits few.
 // Finishing a row (finish_row, split_row_finish.cuh): one block merges the row's chunks: argmax /
 // best score, or the exact top-k of the chunks' candidates (block_select.cuh: candidates below
@@ -253,6 +254,9 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   }
   const bool top_k_rows = !p.greedy && p.top_k_on && a.k_cap > 0;
   const int32_t k = min(p.top_k, a.k_cap);
+  // Cuts keep the k-th's ties on z where they fit k_cap, skipping select_cut's id passes: 2-byte
+  // logits tie there in ~60 % of chunks (bf16 randn, k = 50); 4-byte ones almost never.
+  const int tie_cap = sizeof(T) == 2 ? a.k_cap : 0;
   uint32_t* bitmap = reinterpret_cast<uint32_t*>(dyn_smem);
   Candidate* buf = reinterpret_cast<Candidate*>(dyn_smem + (a.penalties ? kPenaltyBitmapWords * 4 : 0));
   int32_t* mask_stage = reinterpret_cast<int32_t*>(buf + (a.k_cap > 0 ? kBufferCap : 0));
@@ -378,15 +382,15 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     const int held = buf_count;
     float next = admit;  // the next round's threshold
     if (held > kCompactAt) {
-      keep_top_k<kChunkThreads, kBufferCap / kChunkThreads>(buf, held, k, held, red_count,
-                                                           &compact_counter);
+      const int kept = keep_top_k<kChunkThreads, kBufferCap / kChunkThreads>(
+          buf, held, k, held, red_count, &compact_counter, tie_cap);
       // The smallest kept z (at or above admit): nothing below it can enter the chunk's top-k.
       Candidate lowest{kNegInf, kNoId};  // holds -z
-      for (int e = threadIdx.x; e < k; e += kChunkThreads)
+      for (int e = threadIdx.x; e < kept; e += kChunkThreads)
         lowest = best_of(lowest, Candidate{-buf[e].z, buf[e].id});
       lowest = block_best<kChunkThreads>(lowest, scratch);
       next = -lowest.z;
-      if (threadIdx.x == 0) buf_count = k;
+      if (threadIdx.x == 0) buf_count = kept;
     }
     if (next > thr && threadIdx.x == 0) {
       threshold = next;
@@ -410,7 +414,8 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     const int held = buf_count;
     const int kept = held <= a.k_cap ? held
                                      : keep_top_k<kChunkThreads, kBufferCap / kChunkThreads>(
-                                           buf, held, k, held, red_count, &compact_counter);
+                                           buf, held, k, held, red_count, &compact_counter,
+                                           tie_cap);
     Candidate* dst = a.chunk_candidates + int64_t{blockIdx.x} * a.k_cap;
     for (int e = threadIdx.x; e < a.k_cap; e += kChunkThreads)
       dst[e] = e < kept ? buf[e] : Candidate{kNegInf, kNoId};  // holes: the finisher copies slots
