@@ -65,9 +65,11 @@ def main(path: str) -> None:
             where = r[line_no] if line_no is not None else ""
             text = " ".join(r[src].split()) if src is not None else ""
             print(f"    {100 * number(r[col]) / total:5.1f} %  {where:>5}  {text[:110]}")
-    if not found:
-        print("no source table in", path)
-        print("\n".join(lines[-5:]))
+    if not found:  # show the page's shape, so the parser can be fixed from this output alone
+        print("no source table in", path, f"({len(lines)} lines); its first and last lines:")
+        print("\n".join(line[:300] for line in lines[:40]))
+        print("...")
+        print("\n".join(line[:300] for line in lines[-5:]))
 
 
 if __name__ == "__main__":
