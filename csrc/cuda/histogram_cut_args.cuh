@@ -235,8 +235,8 @@ __device__ __forceinline__ PenaltySource mark_chunk_penalties(const Args& a, con
   return pen;
 }
 
-// Kernels 2 and 3 re-read the row for the processed logits only: kernel 1 has the +inf count
-// and the raw partials.
+// Kernels 1a, 2 and 3 re-read the row for the processed logits only: kernel 1 has the +inf count
+// and the raw partials (so they may read 2-byte rows 8 tokens a load: wide_loads()).
 __device__ __forceinline__ split_row::Args without_raw(const Args& a) {
   split_row::Args quiet = a;
   quiet.want_raw = false;

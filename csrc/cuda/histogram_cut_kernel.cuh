@@ -159,7 +159,8 @@ __device__ void histogram_range(const T* __restrict__ logits, const Args& a, con
   const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);  // syncs
 
   const split_row::Args quiet = without_raw(a);
-  split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, true, [&](float (&x)[4], int32_t i) {
+  split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, quiet.wide_loads(),
+                            [&](float (&x)[4], int32_t i) {
     if (processed_group(x, i, c, quiet, bitmap, pen) == kNegInf) return;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -288,7 +289,8 @@ __device__ Candidate select_range(const T* __restrict__ logits, const Args& a, c
   const split_row::Args quiet = without_raw(a);
   Candidate best{kNegInf, kNoId};
   Candidate* list = a.chunk_candidates + c.r * kCutCap;
-  split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, true, [&](float (&x)[4], int32_t i) {
+  split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, quiet.wide_loads(),
+                            [&](float (&x)[4], int32_t i) {
     processed_group(x, i, c, quiet, bitmap, pen);
     float sure_max = kNegInf;
     bool sure[4], listed[4];
