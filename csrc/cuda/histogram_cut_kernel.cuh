@@ -82,8 +82,18 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   int32_t inf_count = 0;
   split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, a.wide_loads(),
                             [&](float (&x)[4], int32_t i) {
-    const float x_max4 = split_row::process_group(x, i, c.begin, c.end, a, bitmap, pen, inf_count,
-                                                  raw_m, raw_s, &argmax);
+    // Only greedy rows need the argmax's id (the finish kernel's token); the others need z_max,
+    // the groups' maxima's maximum, without a (z, id) compare a token. Two calls, each with a
+    // constant pointer, so the argmax stays in registers.
+    float x_max4;
+    if (p.greedy) {
+      x_max4 = split_row::process_group(x, i, c.begin, c.end, a, bitmap, pen, inf_count, raw_m,
+                                        raw_s, &argmax);
+    } else {
+      x_max4 = split_row::process_group(x, i, c.begin, c.end, a, bitmap, pen, inf_count, raw_m,
+                                        raw_s, nullptr);
+      argmax.z = fmaxf(argmax.z, x_max4);
+    }
     // +inf rows never use the winner (kind_of: kFallback).
     if (!top_p_row || x_max4 == kNegInf || x_max4 == INFINITY) return;
     const float bar = fmaxf(winner.z, best_seen.get());

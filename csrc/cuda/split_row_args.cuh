@@ -96,7 +96,8 @@ __device__ __forceinline__ int next_pow2(int n) {
 
 // Per (row, chunk) results of kernel 1.
 struct ChunkResult {
-  Candidate argmax;      // of the processed logits (greedy rows), ties to the lowest id
+  Candidate argmax;      // of the processed logits: z for every row, id (ties to the lowest)
+                         // for greedy rows
   Candidate best;        // best z + G (no-filter rows) over finite tokens
   Candidate inf_best;    // best G over +inf tokens
   float raw_max, raw_sum;
