@@ -51,8 +51,13 @@ def tables(lines: list[str]):
 def main(path: str) -> None:
     lines = open(path, errors="replace").read().splitlines()
     found = False
+    seen = set()
     for context, header, rows in tables(lines):
         found = True
+        key = (context, tuple(map(tuple, rows)))
+        if key in seen:  # the page can repeat a kernel's table
+            continue
+        seen.add(key)
         col = sample_column(header)
         src = next((i for i, h in enumerate(header) if h.strip() == "Source"), None)
         line_no = next((i for i, h in enumerate(header) if h.strip() in ("#", "Line", "# Line")), None)
@@ -65,7 +70,10 @@ def main(path: str) -> None:
             where = r[line_no] if line_no is not None else ""
             text = " ".join(r[src].split()) if src is not None else ""
             print(f"    {100 * number(r[col]) / total:5.1f} %  {where:>5}  {text[:110]}")
-    if not found:  # show the page's shape, so the parser can be fixed from this output alone
+    if not found and any(next(csv.reader([l]), []) == ["Line No", "Source"] for l in lines):
+        # ncu 2025's CSV source page gives CUDA lines without metric columns (run 82).
+        print("no per-line metrics in", path, "(source text only): see the SASS table")
+    elif not found:  # show the page's shape, so the parser can be fixed from this output alone
         print("no source table in", path, f"({len(lines)} lines); its first and last lines:")
         print("\n".join(line[:300] for line in lines[:40]))
         print("...")
