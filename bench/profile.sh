@@ -7,10 +7,12 @@
 # Output: appended to $OUT/profiles.txt (one file however many shapes; the device tool brings
 # back at most 8 files) and a per-kernel summary table on stdout.
 #   PROFILE_DETAIL=1: ncu sections (occupancy, warp stalls, instruction counts) and each kernel's
-#     hottest source lines by warp-stall samples (bench/ncu_hot_lines.py, from the report's
-#     source page), appended to profiles.txt too.
+#     hottest SASS instructions by warp-stall samples (bench/ncu_hot_lines.py, from the report's
+#     source page; its CUDA view carries no per-line metrics in CSV, run 82), appended to
+#     profiles.txt too.
 #   PROFILE_CACHE=none: ncu keeps caches between its replay passes (default: flushes them), so
-#     a bs-1 kernel runs with the warm instruction cache a graph replay has.
+#     a bs-1 kernel runs with the warm instruction cache a graph replay has, and a kernel finds
+#     what the one before it left in L2 (the default flush hides that reuse).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench/out}
@@ -70,7 +72,7 @@ if timeout "${PROFILE_TIMEOUT:-420}" ncu --clock-control none --cache-control "$
   { echo "=== ncu: ${SHAPES[*]}"; cat /tmp/ncu_profile.txt; } >> "$OUT/profiles.txt"
   python3 bench/ncu_summary.py /tmp/ncu_profile.txt
   if [ "${PROFILE_DETAIL:-0}" = 1 ]; then
-    for view in cuda sass; do  # source lines (-lineinfo), then the SASS instructions
+    for view in cuda sass; do  # CUDA lines (-lineinfo; where ncu's CSV has them), then SASS
       ncu -i "$REPORT.ncu-rep" --csv --page source --print-source "$view" > /tmp/ncu_source.txt 2>&1
       { echo "=== ncu hot $view lines: ${SHAPES[*]}"; python3 bench/ncu_hot_lines.py /tmp/ncu_source.txt; } |
         tee -a "$OUT/profiles.txt" | tail -60
