@@ -202,10 +202,10 @@ def boundary_tie_logits(bs, V, k, above, tied, dtype, seed):
 def test_top_k_cut_inside_a_run_of_ties_matches_cpu(fit, k, bs, dtype):
     """The split-row chunks of 2-byte rows keep the k-th's ties on z where the kept set fits the
     step's k_cap slots (64 here: row 0 asks top_k 64) and break them by id otherwise (fp32
-    chunks always break them); the finishing block's cut is exact. The ties straddle the row's k-th (the `above` tokens fill k - 5 places, the
-    three low ids 3, the window's ties the last 2; none above: k - 3 window ties), in
-    the single launch (bs 3) and the two-kernel path (bs 64), half the rows with top-p 0.9,
-    which cuts inside the ties by id order."""
+    chunks always break them); the finishing block's cut is exact. The ties straddle the row's
+    k-th (the `above` tokens fill k - 5 places, the three low ids 3, the window's ties the last
+    2; none above: k - 3 window ties), in the single launch (bs 3) and the two-kernel path
+    (bs 64), half the rows with top-p 0.9, which cuts inside the ties by id order."""
     V, k_cap = 151936, 64
     above = 0 if fit == "none_above" else k - 5
     tied = {"k_cap-2": k_cap - 2, "k_cap": k_cap, "k_cap+1": k_cap + 1,

@@ -105,7 +105,8 @@ def row_token(xs, temperature, min_p, chunks, threads, rng):
 
 def main(n):
     # Per-thread token counts of the H100 benchmark: ~150 (128 rows), ~600 (512 rows).
-    shapes = [("randn sigma 1, 150 a thread", 1.0, 2, 64), ("randn sigma 1, 600 a thread", 1.0, 1, 32),
+    shapes = [("randn sigma 1, 150 a thread", 1.0, 2, 64),
+              ("randn sigma 1, 600 a thread", 1.0, 1, 32),
               ("randn sigma 4, 150 a thread", 4.0, 2, 64)]
     for name, sigma, chunks, threads in shapes:
         for min_p in (0.2, 0.05, 0.01, 0.001):
