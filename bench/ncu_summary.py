@@ -32,7 +32,10 @@ def main(path: str) -> None:
     if start < 0:
         print("no ncu CSV in", path)
         return
-    rows = list(csv.DictReader(io.StringIO(text[start:])))
+    # The CSV ends where bench/profile.sh appends its hot-line tables (lines not quoted).
+    lines = text[start:].splitlines()
+    end = next((i for i, line in enumerate(lines) if not line.startswith('"')), len(lines))
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines[:end]))))
     kernels: OrderedDict[tuple, dict] = OrderedDict()
     for r in rows:
         # the push/pop range column reads '1143  "<default domain>:sample top_p:128:none:..."'
