@@ -1,6 +1,6 @@
 """Differential test of the sampler against an independent reference of DESIGN §3, token for
 token: numpy for the filters (float64 over the fp32 z the contract specifies) and a pure-Python
-Philox-4x32-10 for the keyed Gumbel noise (§3.7), so neither the library's filter code nor its
+Philox-4x32-7 for the keyed Gumbel noise (§3.7), so neither the library's filter code nor its
 noise code checks itself. Hypothesis draws small rows with ties, ±inf, NaN, grammar masks, prompt
 repetition penalties, logit bias and every filter combination, in fp32 / bf16 / fp16.
 
@@ -32,9 +32,10 @@ f32 = np.float32
 
 
 # ---------------------------------------------------------------- the noise, from its definition
-def philox4x32_10(c: list[int], k0: int, k1: int) -> list[int]:
+def philox4x32_7(c: list[int], k0: int, k1: int) -> list[int]:
+    """Philox-4x32 with 7 rounds (rng.h)."""
     c0, c1, c2, c3 = c
-    for _ in range(10):
+    for _ in range(7):
         p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
         c0, c1, c2, c3 = (p1 >> 32) ^ c1 ^ k0, p1 & M32, (p0 >> 32) ^ c3 ^ k1, p0 & M32
         k0, k1 = (k0 + 0x9E3779B9) & M32, (k1 + 0xBB67AE85) & M32
@@ -46,8 +47,8 @@ def gumbel_row(seed: int, position: int, vocab: int) -> np.ndarray:
     u = (word >> 9 + 1/2) / 2^23, G = -log(-log u)."""
     g = np.empty(vocab)
     for group in range((vocab + 3) // 4):
-        words = philox4x32_10([group, position & M32, position >> 32, STREAM], seed & M32,
-                              seed >> 32)
+        words = philox4x32_7([group, position & M32, position >> 32, STREAM], seed & M32,
+                             seed >> 32)
         for q, w in enumerate(words[:vocab - 4 * group]):
             g[4 * group + q] = -math.log(-math.log(((w >> 9) + 0.5) / 8388608.0))
     return g

@@ -102,8 +102,9 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
 
   const split_row::Args quiet = without_raw(a);
   float total = 0.0f, before = 0.0f;
+  // Backward: kernel 1 streamed the chunk forward, so the L2 holds its end.
   split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, quiet.wide_loads(),
-                            [&](float (&x)[4], int32_t i) {
+                            split_row::Rounds::kBackward, [&](float (&x)[4], int32_t i) {
     if (processed_group(x, i, c, quiet, bitmap, pen) == kNegInf) return;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {

@@ -5,7 +5,9 @@
 // beyond the split-row path's k <= 512), penalties and bias as in split_row_kernel.cuh.
 //
 // A top-p boundary depends on the whole row, so a row split over many blocks is read three
-// times (small batches read it from L2) and finished by one block:
+// times (small batches read it from L2; in larger ones the passes after kernel 1 take a chunk's
+// rounds backward, split_row::Rounds, so they start on what the L2 still holds) and finished by
+// one block:
 //   1. stats: the argmax of the processed logits (z_max), the +inf count, raw log-sum-exp
 //      partials; top-p rows also their winner, the best z + G over all tokens;
 //   1a-b. in large top-p steps (decide), rows whose winner passes min-p: float sums of the
@@ -81,7 +83,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   float raw_m = kNegInf, raw_s = 0.0f;
   int32_t inf_count = 0;
   split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, a.wide_loads(),
-                            [&](float (&x)[4], int32_t i) {
+                            split_row::Rounds::kForward, [&](float (&x)[4], int32_t i) {
     // Only greedy rows need the argmax's id (the finish kernel's token); the others need z_max,
     // the groups' maxima's maximum, without a (z, id) compare a token. Two calls, each with a
     // constant pointer, so the argmax stays in registers.
@@ -159,8 +161,9 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
 // Syncs.
 template <typename T, bool kMasked>
 __device__ void histogram_range(const T* __restrict__ logits, const Args& a, const Chunk& c,
-                                const RowParams& p, bool by_mass, float z_max, uint32_t* bitmap,
-                                uint32_t* low, uint32_t* high) {
+                                const RowParams& p, bool by_mass, float z_max,
+                                split_row::Rounds order, uint32_t* bitmap, uint32_t* low,
+                                uint32_t* high) {
   __syncthreads();  // the bins' previous range is flushed
   for (int b = threadIdx.x; b < kBins; b += kChunkThreads) {
     low[b] = 0;
@@ -170,7 +173,7 @@ __device__ void histogram_range(const T* __restrict__ logits, const Args& a, con
 
   const split_row::Args quiet = without_raw(a);
   split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, quiet.wide_loads(),
-                            [&](float (&x)[4], int32_t i) {
+                            order, [&](float (&x)[4], int32_t i) {
     if (processed_group(x, i, c, quiet, bitmap, pen) == kNegInf) return;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -198,9 +201,9 @@ __device__ void histogram_range(const T* __restrict__ logits, const Args& a, con
   }
 }
 
-// Kernel 2: count-cut rows (and mass-cut rows of a step without decide) take their own chunk;
-// then, in a step with decide, every block takes its share of a top-p row kernels 1a-b did not
-// keep (spread_share over hist_rows).
+// Kernel 2: count-cut rows (and mass-cut rows of a step without decide) take their own chunk,
+// backward after kernel 1's forward pass; then, in a step with decide, every block takes its
+// share of a top-p row kernels 1a-b did not keep (spread_share over hist_rows).
 template <typename T, bool kMasked>
 __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     histogram_kernel(const T* __restrict__ logits, Args a) {
@@ -216,7 +219,8 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     const int kind = kind_of(p, s.argmax.z, s.inf_count);
     if (kind == kCountCut || (kind == kMassCut && !a.decide))
       histogram_range<T, kMasked>(logits, a, c, p, kind == kMassCut,
-                                  scaled_logit(s.argmax.z, p.temperature), bitmap, low, high);
+                                  scaled_logit(s.argmax.z, p.temperature),
+                                  split_row::Rounds::kBackward, bitmap, low, high);
   }
   if (!a.decide) return;
   const int32_t n = *a.hist_count;
@@ -226,7 +230,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   const RowParams q = split_row::row_params(a, share.r);
   const RowStats s = merge_stats<kChunkThreads>(a, share.r, scratch, red);
   histogram_range<T, kMasked>(logits, a, share, q, true, scaled_logit(s.argmax.z, q.temperature),
-                              bitmap, low, high);
+                              split_row::Rounds::kForward, bitmap, low, high);
 }
 
 // Kernel 2b (one block per row with a cut): the cut bin, and for top-p rows whether the winner
@@ -266,7 +270,7 @@ __global__ void __launch_bounds__(kChunkThreads) cut_kernel(Args a) {
 template <typename T, bool kMasked>
 __device__ Candidate select_range(const T* __restrict__ logits, const Args& a, const Chunk& c,
                                   const RowParams& p, int kind, const CutBin& cut, float z_max,
-                                  uint32_t* bitmap, Candidate* scratch,
+                                  split_row::Rounds order, uint32_t* bitmap, Candidate* scratch,
                                   split_row::BlockBest& best_seen) {
   const float tau = min_p_threshold(z_max, p.min_p);
   // Mass cut: bins below the cut are surely kept, the cut bin is listed. Count cut: the cut bin
@@ -300,7 +304,7 @@ __device__ Candidate select_range(const T* __restrict__ logits, const Args& a, c
   Candidate best{kNegInf, kNoId};
   Candidate* list = a.chunk_candidates + c.r * kCutCap;
   split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, quiet.wide_loads(),
-                            [&](float (&x)[4], int32_t i) {
+                            order, [&](float (&x)[4], int32_t i) {
     processed_group(x, i, c, quiet, bitmap, pen);
     float sure_max = kNegInf;
     bool sure[4], listed[4];
@@ -348,9 +352,10 @@ __device__ Candidate select_range(const T* __restrict__ logits, const Args& a, c
 }
 
 // Kernel 3: min-p rows (no cut), count-cut rows and, in a step without spread, the mass-cut
-// rows kernel 2b did not finish take their own chunk: its surely kept best into results[].best.
-// Then every block takes its share of a spread row (spread_share): its best into
-// spread_best[block].
+// rows kernel 2b did not finish take their own chunk, backward (min-p rows follow kernel 1's
+// forward pass; a direction chosen per row would inline the loop twice): its surely kept best
+// into results[].best. Then every block takes its share of a spread row (spread_share): its
+// best into spread_best[block].
 template <typename T, bool kMasked>
 __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     select_kernel(const T* __restrict__ logits, Args a) {
@@ -370,9 +375,9 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     if (kind == kNoCut ||
         (own_cut && a.row_cuts[c.r].found && a.row_cuts[c.r].winner_id == kNoId)) {
       const CutBin cut = kind == kNoCut ? CutBin{kBins, 0, 0} : a.row_cuts[c.r].cut;
-      const Candidate best = select_range<T, kMasked>(logits, a, c, p, kind, cut,
-                                                      scaled_logit(s.argmax.z, p.temperature),
-                                                      bitmap, scratch, best_seen);
+      const Candidate best = select_range<T, kMasked>(
+          logits, a, c, p, kind, cut, scaled_logit(s.argmax.z, p.temperature),
+          split_row::Rounds::kBackward, bitmap, scratch, best_seen);
       if (threadIdx.x == 0) a.results[blockIdx.x].best = best;
     }
   }
@@ -384,8 +389,8 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     const RowParams q = split_row::row_params(a, share.r);
     const RowStats s = merge_stats<kChunkThreads>(a, share.r, scratch, red);
     best = select_range<T, kMasked>(logits, a, share, q, kMassCut, a.row_cuts[share.r].cut,
-                                    scaled_logit(s.argmax.z, q.temperature), bitmap, scratch,
-                                    best_seen);
+                                    scaled_logit(s.argmax.z, q.temperature),
+                                    split_row::Rounds::kForward, bitmap, scratch, best_seen);
   }
   if (threadIdx.x == 0) a.spread_best[blockIdx.x] = best;
 }

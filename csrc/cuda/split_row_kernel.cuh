@@ -180,16 +180,30 @@ __device__ __forceinline__ void load_round(const LogitsRow<T, kMasked>& row, int
   for (int u = 0; u < kLoadsInFlight; ++u) apply_mask<kMasked>(bits[u], l[u]);
 }
 
+// The order of a chunk's rounds. A pass that re-reads the chunks a forward pass streamed just
+// before it (the histogram-cut path's kernels 1a, 2 and 3 after kernel 1) goes backward, so it
+// starts on the part of each chunk that pass read last: what the L2 still holds of a step
+// larger than the L2.
+enum class Rounds { kForward, kBackward };
+
 // A chunk [begin, end) round by round (load_round), each group handed to f(x, i) with i its
 // first token.
 template <typename T, bool kMasked, typename F>
 __device__ __forceinline__ void for_each_round(const LogitsRow<T, kMasked>& row, int32_t begin,
-                                               int32_t end, bool wide, F&& f) {
-  for (int32_t round = begin; round < end; round += kRoundTokens) {
+                                               int32_t end, bool wide, Rounds order, F&& f) {
+  auto one_round = [&](int32_t round) {
     float l[kLoadsInFlight][4];
     load_round(row, round, end, wide, l);
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) f(l[u], group_token<T>(round, u, wide));
+  };
+  // Two loops, so neither keeps a direction or a step in a register.
+  if (order == Rounds::kForward) {
+    for (int32_t round = begin; round < end; round += kRoundTokens) one_round(round);
+  } else if (end > begin) {
+    for (int32_t round = begin + (end - begin - 1) / kRoundTokens * kRoundTokens; round >= begin;
+         round -= kRoundTokens)
+      one_round(round);
   }
 }
 
@@ -291,7 +305,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     // thread would raise the shared bar at once and none would read it later (run 31: bs 1
     // 10.2 -> 13.1 us with it).
     constexpr bool kShareBest = !kFused;
-    for_each_round(row, begin, end, wide, [&](float (&x)[4], int32_t i) {
+    for_each_round(row, begin, end, wide, Rounds::kForward, [&](float (&x)[4], int32_t i) {
       const float x_max4 =
           process_group(x, i, begin, end, a, bitmap, pen, inf_count, raw_m, raw_s, nullptr);
       argmax.z = fmaxf(argmax.z, x_max4);
@@ -321,7 +335,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     });
   }
   if (p.greedy) {  // the argmax of the processed logits, tracked in registers
-    for_each_round(row, begin, end, wide, [&](float (&x)[4], int32_t i) {
+    for_each_round(row, begin, end, wide, Rounds::kForward, [&](float (&x)[4], int32_t i) {
       process_group(x, i, begin, end, a, bitmap, pen, inf_count, raw_m, raw_s, &argmax);
     });
   }

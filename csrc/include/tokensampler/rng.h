@@ -8,9 +8,12 @@
 // of those settings, and a kernel may generate noise only for the candidates it keeps: the
 // value for token i is the same whichever thread computes it.
 //
-// Generator: Philox-4x32-10 (Salmon et al., SC'11), key = the 64-bit seed, counter =
-// (token_id / 4, position low word, position high word, stream). One call yields four
-// words; token i uses word i % 4, so four neighbouring tokens share one Philox evaluation.
+// Generator: Philox-4x32 with 7 rounds (Salmon et al., SC'11: Philox-4x32 passes all of
+// TestU01's BigCrush from 7 rounds; their default of 10 adds a margin of 3 that a sampler's
+// noise does not need, and the rounds are most of the per-token work of the kernels that
+// score every token), key = the 64-bit seed, counter = (token_id / 4, position low word,
+// position high word, stream). One call yields four words; token i uses word i % 4, so four
+// neighbouring tokens share one Philox evaluation.
 #pragma once
 
 #include "tokensampler/platform.h"
@@ -37,12 +40,14 @@ TS_HD uint32_t mulhi32(uint32_t a, uint32_t b) {
 #endif
 }
 
-TS_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
-                            uint32_t k1) {
+constexpr int kPhiloxRounds = 7;
+
+TS_HD Philox4 philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
+                         uint32_t k1) {
   constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
   constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
 #pragma unroll
-  for (int round = 0; round < 10; ++round) {
+  for (int round = 0; round < kPhiloxRounds; ++round) {
     const uint32_t hi0 = mulhi32(kMul0, c0), lo0 = kMul0 * c0;
     const uint32_t hi1 = mulhi32(kMul1, c2), lo1 = kMul1 * c2;
     const uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
@@ -55,8 +60,8 @@ TS_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, 
 // The four raw words for tokens [4*group, 4*group + 4) at (seed, position, stream).
 TS_HD Philox4 random_words(uint64_t seed, int64_t position, uint32_t group, uint32_t stream) {
   const uint64_t pos = static_cast<uint64_t>(position);
-  return philox4x32_10(group, static_cast<uint32_t>(pos), static_cast<uint32_t>(pos >> 32),
-                       stream, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  return philox4x32(group, static_cast<uint32_t>(pos), static_cast<uint32_t>(pos >> 32),
+                    stream, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
 // Uniform in the open interval (0, 1): 23 random bits, centred in their bin, so the values
