@@ -13,6 +13,10 @@
 #   PROFILE_CACHE=none: ncu keeps caches between its replay passes (default: flushes them), so
 #     a bs-1 kernel runs with the warm instruction cache a graph replay has, and a kernel finds
 #     what the one before it left in L2 (the default flush hides that reuse).
+#   PROFILE_TIMELINE=1: no ncu; a Kineto trace of CUDA-graph replays as the benchmark times them
+#     (four steps a graph, rotating logits buffers): every kernel of one replay with its start,
+#     duration and the gap before it, so a small step's time splits into kernels and the launch
+#     gaps between them (what ncu's serialized kernel times cannot show).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench/out}
@@ -38,7 +42,44 @@ for shape in shapes:
         step(x)
     steps.append((f"sample {shape}", step, x))
 torch.cuda.synchronize()
-if mode == "kineto":
+if mode == "timeline":
+    import json, os, tempfile
+    from torch.profiler import profile, ProfilerActivity
+    for name, _, _ in steps:
+        route_name, bs, *rest = name.removeprefix("sample ").split(":")
+        route, bs = b.ROUTES[route_name], int(bs)
+        dtype = dict(fp32=torch.float32, bf16=torch.bfloat16)[rest[0] if rest else "fp32"]
+        buffers = b.logits_buffers(bs * route.tokens_per_req, dtype)
+        step = b.ours_step(route, bs)
+        graph = torch.cuda.CUDAGraph()
+        for x in buffers[:2]:
+            step(x)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            for x in buffers:
+                step(x)
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                graph.replay()
+                torch.cuda.synchronize()
+        trace = os.path.join(tempfile.mkdtemp(), "trace.json")
+        prof.export_chrome_trace(trace)
+        kernels = sorted((e for e in json.load(open(trace))["traceEvents"]
+                          if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+        replay = kernels[-len(kernels) // 3:]  # the last of three replays
+        per_step = len(replay) // len(buffers)
+        t0, end = replay[0]["ts"], replay[0]["ts"]
+        span = replay[-1]["ts"] + replay[-1]["dur"] - t0
+        print(f"--- timeline {name}: one replay of {len(buffers)} steps, {per_step} kernels a "
+              f"step, {span:.1f} us ({span / len(buffers):.2f} a step); its first two steps:")
+        print(f"{'start us':>9} {'gap us':>7} {'dur us':>7}  kernel")
+        for e in replay[:2 * per_step]:
+            print(f"{e['ts'] - t0:9.1f} {e['ts'] - end:7.1f} {e['dur']:7.1f}  {e['name'][:110]}")
+            end = e["ts"] + e["dur"]
+elif mode == "kineto":
     from torch.profiler import profile, ProfilerActivity
     for name, step, x in steps:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -61,6 +102,11 @@ WHAT=(--metrics "$METRICS")
 [ "${PROFILE_DETAIL:-0}" = 1 ] && WHAT=(--section SpeedOfLight --section Occupancy --section LaunchStats
                                      --section WarpStateStats --section InstructionStats
                                      --section SourceCounters --import-source yes)
+if [ "${PROFILE_TIMELINE:-0}" = 1 ]; then
+  { echo "=== timeline: ${SHAPES[*]}"; python3 /tmp/ts_profile_steps.py timeline "${SHAPES[@]}"; } |
+    tee -a "$OUT/profiles.txt"
+  exit 0
+fi
 INCLUDE=()
 for shape in "${SHAPES[@]}"; do INCLUDE+=(--nvtx-include "sample $shape/"); done
 REPORT=/tmp/ts_ncu_report
