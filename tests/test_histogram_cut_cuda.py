@@ -109,10 +109,11 @@ def test_every_row_a_small_top_p(dtype):
 
 
 def test_large_step_of_every_top_p_row_kind():
-    """A step of 48 rows (large steps may decide top-p rows from float sums of their masses
-    before any histogram): winners kept and cut, ties at the winner's z (quarter steps), a
-    winner that min-p removes, penalties and bias, and rows whose z reach 4000 (T = 0.002), whose
-    estimates are too coarse to decide from: every row matches the CPU."""
+    """A step of 48 top-p rows of every kind, some with min-p (a generic route, which resolves
+    every row's cut from the histogram: kernels 1a-b decide only all-top-p steps of 64 rows or
+    more): winners kept and cut, ties at the winner's z (quarter steps), a winner that min-p
+    removes, penalties and bias, and rows whose z reach 4000 (T = 0.002): every row matches the
+    CPU."""
     V, bs = 50257, 48
     g = torch.Generator().manual_seed(43)
     logits = torch.randn(bs, V, generator=g) * 2
