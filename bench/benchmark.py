@@ -102,7 +102,9 @@ def graph_time_us(step, buffers, label: str, replays=50) -> float:
         return _graph_time_us(step, buffers, replays)
 
 
-def _graph_time_us(step, buffers, replays) -> float:
+def capture_graph(step, buffers) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `step(buffer)` for every buffer in turn (warmed up on a side stream),
+    replayed once."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -115,6 +117,11 @@ def _graph_time_us(step, buffers, replays) -> float:
             step(b)
     graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def _graph_time_us(step, buffers, replays) -> float:
+    graph = capture_graph(step, buffers)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(replays):
