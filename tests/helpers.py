@@ -87,6 +87,20 @@ def accepted_drafts(cpu_backend, logits, bs, t0, n, candidates, reject_every=3):
     return cand
 
 
+def capture_graph(step):
+    """A CUDA graph of step() after one warm-up call on a side stream, as engines capture: the
+    graph and what the captured call returned (its output tensors, which each replay refills)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = step()
+    return graph, result
+
+
 def tickets_are_zero(workspace: torch.Tensor) -> bool:
     """The ticket area of csrc/cuda/workspace.h (after the tail of the sections, 4 bytes a row)
     is all zero: every single-launch kernel left the tickets it took as it found them."""

@@ -16,6 +16,8 @@ import tokensampler as ts
 from tokensampler import _C
 from tokensampler.backends.slot_params import to_slot_params
 
+from helpers import capture_graph
+
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -411,14 +413,7 @@ def test_cuda_graph_replay_equals_eager(route):
     o = _outs(logits.size(0), 3)
     args = lambda: (static_logits, slots, lengths, table, mgr.history_capacity,
                     mgr.bias_capacity, 1, None, True, 0, sel, 0, *o)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        OPS.sample_rows(*args())
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        OPS.sample_rows(*args())
+    g, _ = capture_graph(lambda: OPS.sample_rows(*args()))
     for seed in range(3):
         new = torch.randn(logits.shape, generator=torch.Generator().manual_seed(seed + 10)).cuda()
         static_logits.copy_(new)

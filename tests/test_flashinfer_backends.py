@@ -9,6 +9,7 @@ import torch
 
 import tokensampler as ts
 
+from helpers import capture_graph
 from reference import chi_square_pvalue, filtered_probs, penalized
 
 
@@ -167,14 +168,7 @@ def test_adapter_graph_capture_every_variant(name):
     for variant in backend.cuda_graph_capture_variants(1):
         backend.prepare_capture_variant(bs=4, num_tokens_per_req=1, variant=variant)
         out = ts.LogitsProcessorOutput(logits)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            backend.sample(out, info)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            tokens, _ = backend.sample(out, info)
+        graph, (tokens, _) = capture_graph(lambda: backend.sample(out, info))
         graph.replay()
         torch.cuda.synchronize()
         assert ((tokens >= 0) & (tokens < V)).all()

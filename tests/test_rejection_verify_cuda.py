@@ -16,7 +16,7 @@ import tokensampler as ts
 from tokensampler import _C
 from tokensampler.bitmask import bitmask_words, pack_token_bitmask
 
-from helpers import tickets_are_zero
+from helpers import capture_graph, tickets_are_zero
 from test_cuda_kernels import build_slots
 
 pytestmark = [
@@ -186,14 +186,7 @@ def test_graph_replays_match_cpu(bs):
     drafts_d = torch.zeros(bs, n, dtype=torch.int32, device="cuda")
     info = ts.SamplingBatchInfo(slots, lengths, V, "cuda", draft_probs=q_d)
     out = ts.LogitsProcessorOutput(logits_d)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        gpu.verify(out, info, drafts_d)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        predict, accept = gpu.verify(out, info, drafts_d)
+    graph, (predict, accept) = capture_graph(lambda: gpu.verify(out, info, drafts_d))
     g = torch.Generator().manual_seed(bs)
     accepted_any = False
     for t in range(4):

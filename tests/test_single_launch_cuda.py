@@ -11,7 +11,7 @@ import torch
 
 import tokensampler as ts
 from tokensampler import _C
-from helpers import accepted_drafts, backends, run, tickets_are_zero
+from helpers import accepted_drafts, backends, capture_graph, run, tickets_are_zero
 
 pytestmark = pytest.mark.cuda
 
@@ -124,14 +124,7 @@ def test_graph_replays_match_cpu(name, bs, workspace, launch):
         return gpu.sample(out, info) if n == 1 else gpu.verify(out, info, drafts_d)
 
     gpu.prepare_capture_variant(bs=bs, num_tokens_per_req=n, variant=variant)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        tokens, accepted = step()
+    graph, (tokens, accepted) = capture_graph(step)
     gpu.reset_capture_state()
 
     sps, prompts = _params(name, bs), _prompts(bs)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import tokensampler as ts
-from helpers import accepted_drafts, backends, run
+from helpers import accepted_drafts, backends, capture_graph, run
 
 pytestmark = pytest.mark.cuda
 
@@ -76,14 +76,7 @@ def test_captured_variant_replays_eager_tokens(variant, params):
     info = ts.SamplingBatchInfo(torch.arange(1, bs + 1, dtype=torch.int32, device="cuda"),
                                 torch.full((bs + 1,), 3, dtype=torch.int32, device="cuda"), V, "cuda")
     out = ts.LogitsProcessorOutput(logits)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        gpu.sample(out, info)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        tokens, _ = gpu.sample(out, info)
+    graph, (tokens, _) = capture_graph(lambda: gpu.sample(out, info))
     sps = [ts.SamplingParams(seed=50 + i, **params) for i in range(bs)]
     for b in (gpu, eager_backend):
         b.prepare_step([f"r{i}" for i in range(bs)], list(range(1, bs + 1)), sps)
@@ -256,14 +249,7 @@ def test_every_capture_variant_replays_eager_tokens_at_a_smaller_batch(name, n):
 
     for variant in graphed.cuda_graph_capture_variants(n):
         graphed.prepare_capture_variant(bs=captured, num_tokens_per_req=n, variant=variant)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            step(graphed, out, info, drafts)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            tokens, accepted = step(graphed, out, info, drafts)
+        graph, (tokens, accepted) = capture_graph(lambda: step(graphed, out, info, drafts))
         graphed.reset_capture_state()
 
         choices = VARIANT_PARAMS[variant]
