@@ -4,7 +4,8 @@ for every split-row route (no-filter, top-k, top-k + top-p, gumbel_full with pen
 verify) at bs 1, 2 and 8, eager and under CUDA-graph replay (several replays: the finishing
 block must leave its ticket at zero), with the backend's workspace and without one (the op then
 allocates and zeroes its tickets), and through the two-kernel launch at the same shapes
-(TOKENSAMPLER_SPLIT_ROW_FUSED_ROWS=0)."""
+(TOKENSAMPLER_SPLIT_ROW_FUSED_ROWS=0). No-filter steps without penalties, logprobs or bitmask
+take their own small kernel (no_filter_small_kernel.cuh): its edge rows at the end."""
 
 import pytest
 import torch
@@ -186,3 +187,63 @@ def test_programmatic_launch_switch_keeps_tokens(pdl, monkeypatch):
         b.prepare_step(["a", "b"], [1, 2], sps)
     logits = torch.randn(bs, V, generator=torch.Generator().manual_seed(5))
     assert torch.equal(run(cpu, logits, bs, 9, "cpu")[0], run(gpu, logits, bs, 9, "cuda")[0])
+
+
+# ---- small no-filter steps: no_filter_small_kernel (a group of four tokens a thread)
+def _edge_logits(g, rows, vocab, dtype):
+    """Random rows with a NaN each, then row 1 with two +inf entries, row 2 with nothing finite
+    but a NaN, row 3 tied at its maximum."""
+    logits = torch.randn(rows, vocab, generator=g) * 2
+    logits[:, vocab // 3] = float("nan")
+    if rows > 1:
+        logits[1, [5, vocab - 2]] = float("inf")
+    if rows > 2:
+        logits[2] = float("-inf")
+        logits[2, 0] = float("nan")
+    if rows > 3:
+        logits[3, 100:104] = logits[3].max() + 1.0
+    return logits.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("vocab", [37, 1023, 1025, V])
+@pytest.mark.parametrize("bs", [1, 2, 4])
+def test_small_no_filter_edge_rows_match_cpu(bs, vocab, dtype):
+    """Vocabularies ending inside a block or a group; at bs 4 a greedy row whose maximum ties."""
+    cpu, gpu = backends(vocab, bs)
+    sps = [ts.SamplingParams(seed=300 + i, temperature=0.6 + 0.2 * i) for i in range(bs)]
+    if bs == 4:
+        sps[3] = ts.SamplingParams(temperature=0.0)
+    for b in (cpu, gpu):
+        b.prepare_step([f"r{i}" for i in range(bs)], list(range(1, bs + 1)), sps)
+    g = torch.Generator().manual_seed(bs * vocab)
+    for step in range(3):
+        logits = _edge_logits(g, bs, vocab, dtype)
+        t_cpu, _ = run(cpu, logits, bs, 10 + step, "cpu")
+        t_gpu, _ = run(gpu, logits, bs, 10 + step, "cuda")
+        assert torch.equal(t_cpu, t_gpu), (step, t_cpu, t_gpu)
+        assert torch.equal(gpu.invalid_rows[:bs].cpu(), cpu.invalid_rows[:bs])
+    assert tickets_are_zero(gpu._workspace)
+
+
+def test_small_no_filter_z_past_fp32_range_ties_to_the_lowest_id():
+    """DESIGN §5: 3e38 / 0.5 is +inf, so tokens 900 and 70000 tie at z = +inf: token 900."""
+    cpu, gpu = backends(V, 1)
+    for b in (cpu, gpu):
+        b.prepare_step(["a"], [1], [ts.SamplingParams(seed=4, temperature=0.5)])
+    logits = torch.randn(1, V)
+    logits[0, [70000, 900]] = 3e38
+    assert run(gpu, logits, 1, 3, "cuda")[0].tolist() == [900] == run(cpu, logits, 1, 3, "cpu")[0].tolist()
+
+
+@pytest.mark.parametrize("logprobs, expected", [(False, True), (True, False)])
+def test_small_no_filter_kernel_runs_where_it_should(logprobs, expected):
+    """bs 1 without logprobs takes the small kernel; with them, the chunk kernel (raw partials)."""
+    cpu, gpu = backends(V, 1, enable_output_logprobs=logprobs)
+    gpu.prepare_step(["a"], [1], [ts.SamplingParams(seed=1, temperature=0.7)])
+    logits = torch.randn(1, V)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run(gpu, logits, 1, 3, "cuda")
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert any("no_filter_small_kernel" in name for name in names) == expected, names

@@ -5,6 +5,7 @@
 #include <ATen/cuda/CUDAContext.h>
 
 #include "dispatch_logits.cuh"
+#include "no_filter_small_kernel.cuh"
 #include "split_row_launch.cuh"
 
 namespace tokensampler::cuda::split_row {
@@ -84,10 +85,34 @@ static void launch_rows(const SampleRowsCall& c, Args a) {
   dispatch_logits_dtype(c.logits.scalar_type(), run);
 }
 
+// Small no-filter steps without penalties, logprobs or a bitmask: no_filter_small_kernel, one
+// launch; returns whether it took the step.
+static bool launch_no_filter_small(const SampleRowsCall& c, Args a) {
+  const int64_t rows = c.logits.size(0);
+  if (c.route != Route::kNoFilter || rows > fused_max_rows() || a.penalties || a.want_raw ||
+      a.token_bitmask.words != nullptr)
+    return false;
+  a.chunk_len = kSmallChunk;
+  a.splits = (a.vocab + kSmallChunk - 1) / kSmallChunk;
+  if (int64_t{a.splits} * int64_t{sizeof(Partial)} > kSectionBytesPerRow) return false;
+  at::Tensor storage;
+  const auto sections = workspace_sections<1>(
+      c, {rows * a.splits * int64_t{sizeof(Partial)}}, storage, &a.tickets);
+  a.results = reinterpret_cast<ChunkResult*>(sections[0]);
+  const bool pdl = use_pdl();
+  dispatch_logits_dtype(c.logits.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    launch(no_filter_small_kernel<T>, rows * a.splits, kSmallThreads, 0, pdl,
+           c.logits.data_ptr<T>(), a);
+  });
+  return true;
+}
+
 bool try_sample(const SampleRowsCall& c) {
   if (c.out_logprobs && c.logprobs_mode == 1) return false;
   if (c.route != Route::kNoFilter && !top_k_step(c)) return false;
-  launch_rows(c, common_args(c));
+  const Args a = common_args(c);
+  if (!launch_no_filter_small(c, a)) launch_rows(c, a);
   return true;
 }
 
