@@ -67,21 +67,8 @@ __global__ void __launch_bounds__(kSmallThreads)
   }
   v = block_partial<kSmallThreads>(v, scratch);
   if (threadIdx.x == 0) results[blockIdx.x] = v;
-  // Release the block's result, take the row's ticket; the last block acquires the others'
-  // results and finishes the row, and resets the ticket for the next launch (workspace.h).
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const uint32_t ticket = atomicAdd(a.tickets + r, 1u);
-    finishes_row = ticket == static_cast<uint32_t>(a.splits - 1);
-    if (finishes_row) {
-      a.tickets[r] = 0u;
-      __threadfence();
-    }
-  }
-  __syncthreads();
-  if (!finishes_row) return;
-  __threadfence();
+  // The block that draws the row's last ticket merges the row's results.
+  if (!last_block_of_row(a.tickets, r, a.splits, finishes_row)) return;
   Partial row{hole, hole, hole, 0, 0};
   for (int32_t s = threadIdx.x; s < a.splits; s += kSmallThreads) {
     const Partial* c = results + r * a.splits + s;

@@ -210,6 +210,29 @@ __device__ __forceinline__ const float* draft_row(const Args& a, int64_t r, cons
   return a.draft_probs + (b * (a.tokens_per_req - 1) + p.row_in_req) * int64_t{a.vocab};
 }
 
+// The single launch's hand-over (Args::tickets): releases this block's writes (every
+// thread's) and takes row r's ticket; returns, in every thread, whether this block drew the last
+// one, which then has acquired the row's other blocks' writes and has reset the ticket (no other
+// block of this launch touches it again, and the next launch or replay starts after this one
+// ends). `last` is a shared flag.
+__device__ __forceinline__ bool last_block_of_row(uint32_t* tickets, int64_t r, int32_t splits,
+                                                  bool& last) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t ticket = atomicAdd(tickets + r, 1u);
+    last = ticket == static_cast<uint32_t>(splits - 1);
+    if (last) {
+      tickets[r] = 0u;
+      __threadfence();
+    }
+  }
+  __syncthreads();
+  if (!last) return false;
+  __threadfence();
+  return true;
+}
+
 __device__ __forceinline__ PenaltySource penalty_source(const Args& a, const RowParams& p, int64_t r) {
   const int32_t* drafts = a.candidates ? a.candidates + (r - p.row_in_req) + 1 : nullptr;
   return PenaltySource{p.slot, drafts, drafts ? p.row_in_req : 0};

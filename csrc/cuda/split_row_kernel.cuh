@@ -450,23 +450,8 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     if (!top_k_rows) out->kept = 0;
   }
   if constexpr (kFused) {
-    // Release this chunk's writes (every thread's), then take the row's ticket; the block that
-    // draws the last one acquires the others' writes and finishes the row. It resets the ticket:
-    // no other block of this launch touches it again, and the next launch (or replay) starts
-    // after this one ends.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const uint32_t ticket = atomicAdd(a.tickets + r, 1u);
-      finishes_row = ticket == static_cast<uint32_t>(a.splits - 1);
-      if (finishes_row) {
-        a.tickets[r] = 0u;
-        __threadfence();
-      }
-    }
-    __syncthreads();
-    if (!finishes_row) return;
-    __threadfence();
+    // The block that draws the row's last ticket finishes the row.
+    if (!last_block_of_row(a.tickets, r, a.splits, finishes_row)) return;
     // The chunk buffer (top-k steps) becomes the merge buffer; the top-p scan works behind it.
     const FinishSmem sm{buf, reinterpret_cast<unsigned long long*>(buf + kMergeCap), scratch, partials,
                         red_m, red_s, red_count, &keep_count, &compact_counter};
