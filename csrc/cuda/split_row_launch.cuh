@@ -113,12 +113,15 @@ std::array<unsigned char*, kSections> workspace_sections(const SampleRowsCall& c
 }
 
 // Dynamic shared memory `kernel` can take without the opt-in attribute: 48 KiB less its static
-// shared memory (its reductions' and the radix select's __shared__ arrays).
+// shared memory (its reductions' and the radix select's __shared__ arrays). Cached: every
+// launch asks, and an eager step pays each runtime query on the host.
 template <typename... Params>
 size_t dynamic_smem_limit(void (*kernel)(Params...)) {
-  cudaFuncAttributes attr{};
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-  return 48 * 1024 - attr.sharedSizeBytes;
+  return cached_per_kernel<size_t>(reinterpret_cast<const void*>(kernel), 0, [&] {
+    cudaFuncAttributes attr{};
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    return size_t{48 * 1024} - attr.sharedSizeBytes;
+  });
 }
 
 // Whether launches use programmatic dependent launch (default on; TOKENSAMPLER_PDL=0 turns it off).
