@@ -7,11 +7,12 @@
 #                       [--bitmask-bench "args"] [--profile "route:bs[:dtype] ..."]
 #                       [--variant file.patch[+file2.patch...]]... [--variant-tests "pytest args"]
 # Each --variant (a `patch -p1` file, or several joined by '+' and stacked in that order; carry
-# the folder they are in) is an A/B candidate: after the base run, it is applied, built
-# (incrementally), tested (--variant-tests, default the --tests)
-# and benchmarked with the same --bench-args (tokensampler alone: the base run times the
-# others), then reverted; its logs and JSON come back in
-# variants.tar.gz and bench/compare_runs.py prints its figures beside the base's.
+# the folder they are in) is an A/B candidate: applied to its own copy of the tree and built
+# there (into its own folder) while the base builds, so a call's builds take about one build's
+# time; after the base run it is tested (--variant-tests, default the --tests) and benchmarked
+# with the same --bench-args (tokensampler alone: the base run times the others) from its copy,
+# with its build first on PYTHONPATH; its logs and JSON come back in variants.tar.gz and
+# bench/compare_runs.py prints its figures beside the base's.
 # Carry .fi (from ../shared/tools/flashinfer_bundle.sh .fi) to benchmark FlashInfer beside us,
 # and .xg (scripts/xgrammar_bundle.sh .xg) for the grammar-mask benchmark's xgrammar kernel.
 set -uo pipefail
@@ -53,9 +54,41 @@ if [ -d .fi/fi ]; then
   FI_PID=$!
 fi
 
-# A variant built on this (warm) machine left its objects in build/; the next call's copy of the
-# sources keeps their older mtimes, so ninja would keep the variant's objects: rebuild them.
-if [ -f build/.variant_built ]; then find csrc -type f -exec touch {} +; rm -f build/.variant_built; fi
+# patch(1) where the image has it, else git apply (which needs no repository).
+apply_variant() {  # file
+  if command -v patch > /dev/null; then patch -p1 -s --forward < "$1"; else git apply "$1"; fi
+}
+# Variants: each in a copy of the tree (sources, tests, bench; no build outputs) with its patches
+# applied, built in the background into its own folder. Their builds and the base's share the
+# CPUs (each nvcc process peaks at ~1.5 GB).
+VARIANT_ROOT=/tmp/ts_variants
+rm -rf "$VARIANT_ROOT"
+VARIANT_NAMES=()
+for spec in "${VARIANTS[@]}"; do
+  IFS='+' read -r -a patch_files <<< "$spec"
+  name=$(for f in "${patch_files[@]}"; do basename "$f" .patch; done | paste -sd+ -)
+  unique=$name
+  n=1
+  while [ -e "$VARIANT_ROOT/$unique" ]; do n=$((n + 1)); unique="$name.$n"; done  # a variant run twice
+  VARIANT_NAMES+=("$unique")
+  src="$VARIANT_ROOT/$unique/src"
+  mkdir -p "$src" "$OUT/variants/$unique"
+  tar -cf - --exclude=./build --exclude=./.git --exclude=./.venv --exclude=./bench/out \
+    --exclude=./.fi --exclude=./.xg --exclude=./shared . | tar -xf - -C "$src"
+  applied=1
+  for f in "${patch_files[@]}"; do
+    f=$(realpath "$f")
+    (cd "$src" && apply_variant "$f") || { applied=0; break; }
+  done
+  if [ "$applied" = 0 ]; then
+    echo "variant $unique: does not apply" | tee -a "$OUT/gpu.txt"
+    echo 1 > "$VARIANT_ROOT/$unique/build.rc"
+    continue
+  fi
+  (cd "$src" && python3 -m pip install --no-build-isolation --no-deps --target "$VARIANT_ROOT/$unique/site" \
+     -v . > "$OUT/variants/$unique/build.log" 2>&1; echo $? > "$VARIANT_ROOT/$unique/build.rc") &
+done
+
 start=$(date +%s)
 if ! python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1; then
   tail -60 "$OUT/build.log"
@@ -66,6 +99,7 @@ echo "build: $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu.txt"
 
 # The installed wheel is what gets imported (the sources live under python/, not on sys.path).
 python3 -m pytest -q -p no:cacheprovider $TEST_ARGS 2>&1 | tee "$OUT/tests.log" | tail -40
+wait  # the variants' builds (and FlashInfer's JIT): nothing compiles while the GPU is timed
 if [ "$RUN_BENCH" = 1 ]; then
   python3 bench/benchmark.py --json "$OUT/bench.json" --plot "$OUT/bench.png" $BENCH_ARGS 2>&1 | tee "$OUT/bench.log" | tail -60
   if [ "$GPUS" -ge 2 ]; then  # vocab-parallel vs all-gather-then-sample over NCCL (issue 5)
@@ -79,49 +113,29 @@ fi
 if [ -n "$PROFILE_SHAPES" ]; then
   bash bench/profile.sh $PROFILE_SHAPES 2>&1 | tail -60
 fi
-# patch(1) where the image has it, else git apply (which needs no repository).
-apply_variant() {  # file [-R]
-  if command -v patch > /dev/null; then patch -p1 -s --forward ${2:-} < "$1"; else git apply ${2:-} "$1"; fi
-}
-revert_variant() {  # the patches applied, reverted last first
-  local i
-  for (( i = $# ; i > 0 ; i-- )); do apply_variant "${!i}" -R; done
-}
-for spec in "${VARIANTS[@]}"; do
-  IFS='+' read -r -a patch_files <<< "$spec"
-  name=$(for f in "${patch_files[@]}"; do basename "$f" .patch; done | paste -sd+ -)
+for name in "${VARIANT_NAMES[@]}"; do
   dir="$OUT/variants/$name"
-  n=1
-  while [ -e "$dir" ]; do n=$((n + 1)); dir="$OUT/variants/$name.$n"; done  # a variant run twice
-  mkdir -p "$dir"
+  src="$VARIANT_ROOT/$name/src"
   echo "== variant $name"
-  applied=()
-  for f in "${patch_files[@]}"; do
-    apply_variant "$f" || break
-    applied+=("$f")
-  done
-  if [ ${#applied[@]} -ne ${#patch_files[@]} ]; then
-    echo "variant $name: does not apply" | tee -a "$OUT/gpu.txt"
-    revert_variant "${applied[@]}"
+  if [ "$(cat "$VARIANT_ROOT/$name/build.rc")" != 0 ]; then
+    [ -f "$dir/build.log" ] && { echo "variant $name: build failed" | tee -a "$OUT/gpu.txt"; tail -30 "$dir/build.log"; }
     continue
   fi
-  mkdir -p build && touch build/.variant_built
-  if python3 -m pip install --no-build-isolation --no-deps -v . > "$dir/build.log" 2>&1; then
-    python3 -m pytest -q -p no:cacheprovider ${VARIANT_TEST_ARGS:-$TEST_ARGS} > "$dir/tests.log" 2>&1
-    echo "variant $name GPU tests: $(tail -1 "$dir/tests.log")" | tee -a "$OUT/gpu.txt"
-    if [ "$RUN_BENCH" = 1 ]; then
-      python3 bench/benchmark.py --ours-only --json "$dir/bench.json" $BENCH_ARGS > "$dir/bench.log" 2>&1
-      python3 bench/compare_runs.py "$OUT/bench.json" "$dir/bench.json" | tee -a "$OUT/gpu.txt"
-    fi
-    if [ "$RUN_BITMASK" = 1 ]; then
-      python3 bench/bitmask_bench.py --json "$dir/bitmask.json" $BITMASK_ARGS > "$dir/bitmask.log" 2>&1
-      tail -20 "$dir/bitmask.log"
-    fi
-  else
-    echo "variant $name: build failed" | tee -a "$OUT/gpu.txt"
-    tail -30 "$dir/build.log"
+  # Its own tests and bench scripts, its own build first on the path.
+  VARIANT_PATH="$VARIANT_ROOT/$name/site${PYTHONPATH:+:$PYTHONPATH}"
+  (cd "$src" && PYTHONPATH="$VARIANT_PATH" python3 -m pytest -q -p no:cacheprovider \
+     ${VARIANT_TEST_ARGS:-$TEST_ARGS} > "$dir/tests.log" 2>&1)
+  echo "variant $name GPU tests: $(tail -1 "$dir/tests.log")" | tee -a "$OUT/gpu.txt"
+  if [ "$RUN_BENCH" = 1 ]; then
+    (cd "$src" && PYTHONPATH="$VARIANT_PATH" python3 bench/benchmark.py --ours-only \
+       --json "$dir/bench.json" $BENCH_ARGS > "$dir/bench.log" 2>&1)
+    python3 bench/compare_runs.py "$OUT/bench.json" "$dir/bench.json" | tee -a "$OUT/gpu.txt"
   fi
-  revert_variant "${applied[@]}"
+  if [ "$RUN_BITMASK" = 1 ]; then
+    (cd "$src" && PYTHONPATH="$VARIANT_PATH" python3 bench/bitmask_bench.py \
+       --json "$dir/bitmask.json" $BITMASK_ARGS > "$dir/bitmask.log" 2>&1)
+    tail -20 "$dir/bitmask.log"
+  fi
 done
 if [ ${#VARIANTS[@]} -gt 0 ]; then
   tar -czf "$OUT/variants.tar.gz" -C "$OUT" variants && rm -rf "$OUT/variants"
