@@ -28,8 +28,8 @@ from tokensampler.build import serves_capability
 pytestmark = pytest.mark.wheel
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ["setup.py", "pyproject.toml", "CMakeLists.txt", "README.md", "cmake", "csrc", "python",
-           "scripts"]
+SOURCES = ["setup.py", "pyproject.toml", "CMakeLists.txt", "README.md", "LICENSE", "cmake", "csrc",
+           "python", "scripts"]
 V = 100
 WHEEL_ENV = "TOKENSAMPLER_WHEEL"
 
@@ -85,13 +85,18 @@ def _copy_sources(dest: Path) -> None:
 
 def _check_release_wheel(wheel: Path) -> None:
     """A release wheel: torch pinned to the minor release it was built with (this
-    environment's), a manylinux tag, the native module inside."""
+    environment's), a manylinux tag, the native module inside, the license file beside the
+    metadata that names it."""
     major, minor = torch.__version__.split(".")[:2]
     assert "-manylinux_2_" in wheel.name and wheel.name.endswith(".whl")
+    dist_info = f"tokensampler-{ts.__version__}.dist-info"
     with zipfile.ZipFile(wheel) as zf:
-        metadata = zf.read(f"tokensampler-{ts.__version__}.dist-info/METADATA").decode()
+        metadata = zf.read(f"{dist_info}/METADATA").decode()
         names = zf.namelist()
+        license_text = zf.read(f"{dist_info}/licenses/LICENSE").decode()
     assert f"Requires-Dist: torch=={major}.{minor}.*\n" in metadata
+    assert "License-Expression: Apache-2.0\n" in metadata and "License-File: LICENSE\n" in metadata
+    assert license_text == (ROOT / "LICENSE").read_text()
     assert any(n.startswith("tokensampler/_C.") and n.endswith(".so") for n in names)
 
 
