@@ -99,7 +99,7 @@ echo "build: $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu.txt"
 
 # The installed wheel is what gets imported (the sources live under python/, not on sys.path).
 python3 -m pytest -q -p no:cacheprovider $TEST_ARGS 2>&1 | tee "$OUT/tests.log" | tail -40
-wait  # the variants' builds (and FlashInfer's JIT): nothing compiles while the GPU is timed
+wait  # the variants' builds: nothing compiles while the GPU is timed
 if [ "$RUN_BENCH" = 1 ]; then
   python3 bench/benchmark.py --json "$OUT/bench.json" --plot "$OUT/bench.png" $BENCH_ARGS 2>&1 | tee "$OUT/bench.log" | tail -60
   if [ "$GPUS" -ge 2 ]; then  # vocab-parallel vs all-gather-then-sample over NCCL (issue 5)
@@ -113,27 +113,25 @@ fi
 if [ -n "$PROFILE_SHAPES" ]; then
   bash bench/profile.sh $PROFILE_SHAPES 2>&1 | tail -60
 fi
+# Runs a command in variant $name's copy (its tests and bench scripts), its build first on the path.
+in_variant() {
+  (cd "$VARIANT_ROOT/$name/src" && PYTHONPATH="$VARIANT_ROOT/$name/site${PYTHONPATH:+:$PYTHONPATH}" "$@")
+}
 for name in "${VARIANT_NAMES[@]}"; do
   dir="$OUT/variants/$name"
-  src="$VARIANT_ROOT/$name/src"
   echo "== variant $name"
   if [ "$(cat "$VARIANT_ROOT/$name/build.rc")" != 0 ]; then
     [ -f "$dir/build.log" ] && { echo "variant $name: build failed" | tee -a "$OUT/gpu.txt"; tail -30 "$dir/build.log"; }
     continue
   fi
-  # Its own tests and bench scripts, its own build first on the path.
-  VARIANT_PATH="$VARIANT_ROOT/$name/site${PYTHONPATH:+:$PYTHONPATH}"
-  (cd "$src" && PYTHONPATH="$VARIANT_PATH" python3 -m pytest -q -p no:cacheprovider \
-     ${VARIANT_TEST_ARGS:-$TEST_ARGS} > "$dir/tests.log" 2>&1)
+  in_variant python3 -m pytest -q -p no:cacheprovider ${VARIANT_TEST_ARGS:-$TEST_ARGS} > "$dir/tests.log" 2>&1
   echo "variant $name GPU tests: $(tail -1 "$dir/tests.log")" | tee -a "$OUT/gpu.txt"
   if [ "$RUN_BENCH" = 1 ]; then
-    (cd "$src" && PYTHONPATH="$VARIANT_PATH" python3 bench/benchmark.py --ours-only \
-       --json "$dir/bench.json" $BENCH_ARGS > "$dir/bench.log" 2>&1)
+    in_variant python3 bench/benchmark.py --ours-only --json "$dir/bench.json" $BENCH_ARGS > "$dir/bench.log" 2>&1
     python3 bench/compare_runs.py "$OUT/bench.json" "$dir/bench.json" | tee -a "$OUT/gpu.txt"
   fi
   if [ "$RUN_BITMASK" = 1 ]; then
-    (cd "$src" && PYTHONPATH="$VARIANT_PATH" python3 bench/bitmask_bench.py \
-       --json "$dir/bitmask.json" $BITMASK_ARGS > "$dir/bitmask.log" 2>&1)
+    in_variant python3 bench/bitmask_bench.py --json "$dir/bitmask.json" $BITMASK_ARGS > "$dir/bitmask.log" 2>&1
     tail -20 "$dir/bitmask.log"
   fi
 done
