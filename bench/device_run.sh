@@ -15,8 +15,23 @@
 # bench/compare_runs.py prints its figures beside the base's.
 # Carry .fi (from ../shared/tools/flashinfer_bundle.sh .fi) to benchmark FlashInfer beside us,
 # and .xg (scripts/xgrammar_bundle.sh .xg) for the grammar-mask benchmark's xgrammar kernel.
+# Carry .devbuild (bench/prebuild_device.sh, same --variant specs) to skip the builds: a
+# prebuilt extension is used where its stamp (bench/build_stamp.sh) equals this tree's here.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source bench/build_stamp.sh
+PREBUILT=$PWD/.devbuild
+# Unpacks the prebuilt $1 into folder $2 where its stamp equals the tree's in the current folder.
+use_prebuilt() {  # name dir
+  [ -f "$PREBUILT/$1.stamp" ] || return 1
+  local here
+  here=$(build_stamp)
+  if [ "$here" != "$(cat "$PREBUILT/$1.stamp")" ]; then
+    echo "prebuilt $1: stamp differs, building (here: $(echo $here); prebuilt: $(echo $(cat "$PREBUILT/$1.stamp")))" | tee -a "$OUT/gpu.txt"
+    return 1
+  fi
+  rm -rf "$2" && mkdir -p "$2" && tar -xzf "$PREBUILT/$1.tar.gz" -C "$2"
+}
 OUT=${OUT:-$PWD/bench/out}
 mkdir -p "$OUT"
 RUN_BENCH=1
@@ -74,7 +89,7 @@ for spec in "${VARIANTS[@]}"; do
   src="$VARIANT_ROOT/$unique/src"
   mkdir -p "$src" "$OUT/variants/$unique"
   tar -cf - --exclude=./build --exclude=./.git --exclude=./.venv --exclude=./bench/out \
-    --exclude=./.fi --exclude=./.xg --exclude=./shared . | tar -xf - -C "$src"
+    --exclude=./.fi --exclude=./.xg --exclude=./shared --exclude=./.devbuild . | tar -xf - -C "$src"
   applied=1
   for f in "${patch_files[@]}"; do
     f=$(realpath "$f")
@@ -85,19 +100,30 @@ for spec in "${VARIANTS[@]}"; do
     echo 1 > "$VARIANT_ROOT/$unique/build.rc"
     continue
   fi
+  if (cd "$src" && use_prebuilt "$name" "$VARIANT_ROOT/$unique/site"); then
+    echo "variant $unique: prebuilt" | tee -a "$OUT/gpu.txt"
+    echo 0 > "$VARIANT_ROOT/$unique/build.rc"
+    continue
+  fi
   (cd "$src" && python3 -m pip install --no-build-isolation --no-deps --target "$VARIANT_ROOT/$unique/site" \
      -v . > "$OUT/variants/$unique/build.log" 2>&1; echo $? > "$VARIANT_ROOT/$unique/build.rc") &
 done
 
 start=$(date +%s)
-if ! python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1; then
-  tail -60 "$OUT/build.log"
-  exit 1
+if use_prebuilt base /tmp/ts_base_site; then
+  export PYTHONPATH=/tmp/ts_base_site${PYTHONPATH:+:$PYTHONPATH}
+  echo "build: prebuilt ($(head -1 "$PREBUILT/base.stamp"))" | tee -a "$OUT/gpu.txt"
+else
+  if ! python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1; then
+    tail -60 "$OUT/build.log"
+    exit 1
+  fi
+  echo "build: $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu.txt"
 fi
-echo "build: $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu.txt"
 [ -n "${FI_PID:-}" ] && wait "$FI_PID"; [ -f /tmp/flashinfer_jit.log ] && tail -2 /tmp/flashinfer_jit.log | tee -a "$OUT/gpu.txt"
 
-# The installed wheel is what gets imported (the sources live under python/, not on sys.path).
+# The installed (or prebuilt) build is what gets imported (the sources live under python/, not on
+# sys.path).
 python3 -m pytest -q -p no:cacheprovider $TEST_ARGS 2>&1 | tee "$OUT/tests.log" | tail -40
 wait  # the variants' builds: nothing compiles while the GPU is timed
 if [ "$RUN_BENCH" = 1 ]; then
