@@ -16,18 +16,18 @@
 # Carry .fi (from ../shared/tools/flashinfer_bundle.sh .fi) to benchmark FlashInfer beside us,
 # and .xg (scripts/xgrammar_bundle.sh .xg) for the grammar-mask benchmark's xgrammar kernel.
 # Carry .devbuild (bench/prebuild_device.sh, same --variant specs) to skip the builds: a
-# prebuilt extension is used where its stamp (bench/build_stamp.sh) equals this tree's here.
+# prebuilt extension is used where its stamp (bench/tree_builds.sh) equals this tree's here.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source bench/build_stamp.sh
+source bench/tree_builds.sh
 PREBUILT=$PWD/.devbuild
 # Unpacks the prebuilt $1 into folder $2 where its stamp equals the tree's in the current folder.
 use_prebuilt() {  # name dir
   [ -f "$PREBUILT/$1.stamp" ] || return 1
   local here
-  here=$(build_stamp)
+  here=$(printf '%s\n%s' "$(source_hash)" "$BUILD_ENV")
   if [ "$here" != "$(cat "$PREBUILT/$1.stamp")" ]; then
-    echo "prebuilt $1: stamp differs, building (here: $(echo $here); prebuilt: $(echo $(cat "$PREBUILT/$1.stamp")))" | tee -a "$OUT/gpu.txt"
+    echo "prebuilt $1: stamp differs, building (here: $(tr '\n' ' ' <<< "$here"); prebuilt: $(tr '\n' ' ' < "$PREBUILT/$1.stamp"))" | tee -a "$OUT/gpu.txt"
     return 1
   fi
   rm -rf "$2" && mkdir -p "$2" && tar -xzf "$PREBUILT/$1.tar.gz" -C "$2"
@@ -57,6 +57,7 @@ done
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}
 # NVLink multicast stays off on the lent machines (their KINDS.md): NCCL, PyTorch, NVSHMEM.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+[ -d "$PREBUILT" ] && BUILD_ENV=$(build_env)  # use_prebuilt's stamps: torch imported once
 GPUS=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
@@ -69,33 +70,22 @@ if [ -d .fi/fi ]; then
   FI_PID=$!
 fi
 
-# patch(1) where the image has it, else git apply (which needs no repository).
-apply_variant() {  # file
-  if command -v patch > /dev/null; then patch -p1 -s --forward < "$1"; else git apply "$1"; fi
-}
-# Variants: each in a copy of the tree (sources, tests, bench; no build outputs) with its patches
-# applied, built in the background into its own folder. Their builds and the base's share the
-# CPUs (each nvcc process peaks at ~1.5 GB).
+# Variants: each in a copy of the tree with its patches applied (bench/tree_builds.sh), built in
+# the background into its own folder. Their builds and the base's share the CPUs (each nvcc
+# process peaks at ~1.5 GB).
 VARIANT_ROOT=/tmp/ts_variants
 rm -rf "$VARIANT_ROOT"
 VARIANT_NAMES=()
 for spec in "${VARIANTS[@]}"; do
-  IFS='+' read -r -a patch_files <<< "$spec"
-  name=$(for f in "${patch_files[@]}"; do basename "$f" .patch; done | paste -sd+ -)
+  name=$(variant_name "$spec")
   unique=$name
   n=1
   while [ -e "$VARIANT_ROOT/$unique" ]; do n=$((n + 1)); unique="$name.$n"; done  # a variant run twice
   VARIANT_NAMES+=("$unique")
   src="$VARIANT_ROOT/$unique/src"
   mkdir -p "$src" "$OUT/variants/$unique"
-  tar -cf - --exclude=./build --exclude=./.git --exclude=./.venv --exclude=./bench/out \
-    --exclude=./.fi --exclude=./.xg --exclude=./shared --exclude=./.devbuild . | tar -xf - -C "$src"
-  applied=1
-  for f in "${patch_files[@]}"; do
-    f=$(realpath "$f")
-    (cd "$src" && apply_variant "$f") || { applied=0; break; }
-  done
-  if [ "$applied" = 0 ]; then
+  copy_tree "$src"
+  if ! apply_patches "$src" "$spec"; then
     echo "variant $unique: does not apply" | tee -a "$OUT/gpu.txt"
     echo 1 > "$VARIANT_ROOT/$unique/build.rc"
     continue

@@ -2,17 +2,20 @@
 # Builds tokensampler here, on the CPU machine, for the lent device's Python 3.12 and torch
 # 2.11.0+cu130 (sm_90), so a device call spends no device time compiling (60-100 s a cold call,
 # RESULTS.md). Writes .devbuild/<name>.tar.gz (the `pip --target` folder) and .devbuild/<name>.stamp
-# (bench/build_stamp.sh) for the tree ("base") and for each --variant spec, named as
+# (bench/tree_builds.sh) for the tree ("base") and for each --variant spec, named as
 # bench/device_run.sh names them. Carry `.devbuild` with the device call: device_run.sh uses a
 # build whose stamp equals the one it computes there and builds any other itself.
 #   bench/prebuild_device.sh [--variant file.patch[+file2.patch...]]...
+# The arch list is TORCH_CUDA_ARCH_LIST's, default 9.0, as device_run.sh's: where a device image
+# exports its own (the H200 image of run 28 had 9.0a), the call logs both stamps and builds
+# there; give this script the same list.
 # The build environment (.devvenv: Python 3.12 from pyenv, torch 2.11.0 without its runtime
 # dependencies, CUDA headers from the project's .venv) is made on first use. Builds are
 # incremental: the base in the tree's build/, each variant in its own copy under .devvenv/src/,
 # refreshed by content (sync_by_content), so only the files a patch or an edit changed recompile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source bench/build_stamp.sh
+source bench/tree_builds.sh
 VARIANTS=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -42,7 +45,7 @@ build_into() {  # name: builds the tree in the current folder, packs it as .devb
   target=$(mktemp -d)
   "$PY" -m pip install -q --no-build-isolation --no-deps --target "$target" . > "$OUT_LOG" 2>&1 \
     || { tail -40 "$OUT_LOG"; rm -rf "$target"; return 1; }
-  stamp=$(build_stamp "$PY")
+  stamp=$(printf '%s\n%s' "$(source_hash)" "$BUILD_ENV")
   tar -czf "$DEST/$name.tar.gz" -C "$target" .
   echo "$stamp" > "$DEST/$name.stamp"
   rm -rf "$target"
@@ -59,22 +62,18 @@ sync_by_content() {  # from to
   done
 }
 DEST=$PWD/.devbuild
+BUILD_ENV=$(build_env "$PY")
 OUT_LOG=$PWD/.devvenv/build.log
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 start=$(date +%s)
 build_into base
 for spec in "${VARIANTS[@]}"; do
-  IFS='+' read -r -a patch_files <<< "$spec"
-  name=$(for f in "${patch_files[@]}"; do basename "$f" .patch; done | paste -sd+ -)
+  name=$(variant_name "$spec")
   stage=$PWD/.devvenv/stage/$name src=$PWD/.devvenv/src/$name
   rm -rf "$stage"
   mkdir -p "$stage" "$src"
-  tar -cf - --exclude=./build --exclude=./.git --exclude=./.venv --exclude=./.devvenv \
-    --exclude=./.devbuild --exclude=./bench/out --exclude=./.fi --exclude=./.xg . | tar -xf - -C "$stage"
-  for f in "${patch_files[@]}"; do
-    f=$(realpath "$f")
-    (cd "$stage" && patch -p1 -s --forward < "$f")
-  done
+  copy_tree "$stage"
+  apply_patches "$stage" "$spec"
   sync_by_content "$stage" "$src"
   (cd "$src" && build_into "$name")
 done
