@@ -25,7 +25,7 @@ PREBUILT=$PWD/.devbuild
 use_prebuilt() {  # name dir
   [ -f "$PREBUILT/$1.stamp" ] || return 1
   local here
-  here=$(printf '%s\n%s' "$(source_hash)" "$BUILD_ENV")
+  here=$(build_stamp "$BUILD_ENV")
   if [ "$here" != "$(cat "$PREBUILT/$1.stamp")" ]; then
     echo "prebuilt $1: stamp differs, building (here: $(tr '\n' ' ' <<< "$here"); prebuilt: $(tr '\n' ' ' < "$PREBUILT/$1.stamp"))" | tee -a "$OUT/gpu.txt"
     return 1

@@ -45,7 +45,7 @@ build_into() {  # name: builds the tree in the current folder, packs it as .devb
   target=$(mktemp -d)
   "$PY" -m pip install -q --no-build-isolation --no-deps --target "$target" . > "$OUT_LOG" 2>&1 \
     || { tail -40 "$OUT_LOG"; rm -rf "$target"; return 1; }
-  stamp=$(printf '%s\n%s' "$(source_hash)" "$BUILD_ENV")
+  stamp=$(build_stamp "$BUILD_ENV")
   tar -czf "$DEST/$name.tar.gz" -C "$target" .
   echo "$stamp" > "$DEST/$name.stamp"
   rm -rf "$target"

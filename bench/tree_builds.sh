@@ -32,8 +32,12 @@ apply_patches() {  # dir spec
   done
 }
 
-# A build's stamp is its tree's source_hash, then build_env. source_hash: the build inputs'
-# contents in the current folder.
+# A build's stamp: the source_hash of the tree in the current folder, then build_env's output
+# ($1, computed once a call), one a line. Both scripts write and compare stamps only through it.
+build_stamp() {  # build_env
+  printf '%s\n%s' "$(source_hash)" "$1"
+}
+# The build inputs' contents in the current folder.
 source_hash() {
   find csrc python CMakeLists.txt setup.py pyproject.toml -type f ! -path '*/__pycache__/*' \
     ! -path '*.egg-info/*' ! -name '*.so' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16
