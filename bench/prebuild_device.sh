@@ -6,9 +6,9 @@
 # bench/device_run.sh names them. Carry `.devbuild` with the device call: device_run.sh uses a
 # build whose stamp equals the one it computes there and builds any other itself.
 #   bench/prebuild_device.sh [--variant file.patch[+file2.patch...]]...
-# The arch list is TORCH_CUDA_ARCH_LIST's, default 9.0, as device_run.sh's: where a device image
-# exports its own (the H200 image of run 28 had 9.0a), the call logs both stamps and builds
-# there; give this script the same list.
+# The arch list is TORCH_CUDA_ARCH_LIST's, default 9.0a: the device images (H100 and H200) export
+# 9.0a, which device_run.sh keeps, and a stamp with another list is built there again (runs
+# 100-103 spent 204 s building three variants and the base that were prebuilt for 9.0).
 # The build environment (.devvenv: Python 3.12 from pyenv, torch 2.11.0 without its runtime
 # dependencies, CUDA headers from the project's .venv) is made on first use. Builds are
 # incremental: the base in the tree's build/, each variant in its own copy under .devvenv/src/,
@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a} CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 VENV=$PWD/.devvenv/venv
 PY=$VENV/bin/python
 if [ ! -x "$PY" ]; then

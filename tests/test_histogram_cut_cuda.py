@@ -81,6 +81,30 @@ def test_top_p_rows_whose_winner_is_kept_or_cut(dtype):
     assert 8 <= winner_kept <= bs - 8, winner_kept
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bs", [2, 32, 128])
+def test_decided_rows_take_the_winner_or_the_runner_up(dtype, bs):
+    """At p = 0.5 about half the winners are dropped, and where the runner-up (the best z + G
+    after the winner: the unfiltered token once the winner is banned) is kept it is the row's
+    token, found from float mass sums (kernels 1a-b, 128 rows), from the cut bin (kernel 2b,
+    32 rows: no decide) or, in a step too small to keep runner-ups (2 rows: row 0 takes its
+    runner-up, row 1 neither), by resolving the cut. Every row matches the CPU."""
+    V = 151936
+    g = torch.Generator().manual_seed(61)
+    logits = (torch.randn(bs, V, generator=g) * 2).to(dtype)
+    _, filtered = _compare(
+        lambda i: ts.SamplingParams(seed=400 + i, temperature=1.0, top_p=0.5), logits)
+    _, winners = _compare(lambda i: ts.SamplingParams(seed=400 + i, temperature=1.0), logits)
+    _, runners_up = _compare(
+        lambda i: ts.SamplingParams(seed=400 + i, temperature=1.0,
+                                    logit_bias={int(winners[i]): -1e4}), logits)
+    took_winner = int((filtered == winners).sum())
+    took_runner_up = int((filtered == runners_up).sum())
+    assert took_winner >= bs // 8, took_winner
+    assert took_runner_up >= max(1, bs // 8), took_runner_up
+    assert took_winner + took_runner_up < bs  # and rows that resolve their cut
+
+
 @pytest.mark.parametrize("top_p_rows", [1, 3])
 def test_few_top_p_rows_among_rows_without_a_cut(top_p_rows):
     """A large step where a few rows have a top-p cut (p = 0.3: their winner is often not kept)

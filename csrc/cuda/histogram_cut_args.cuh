@@ -27,6 +27,7 @@ static_assert(uint64_t{kMaxChunkTokens} * 65536 < (uint64_t{1} << 32) &&
               kMaxChunkTokens % kAlignTokens == 0);
 constexpr int32_t kMaxVocab = split_row::kMaxSplits * kMaxChunkTokens;  // 4.2 M; larger: one block per row
 constexpr int64_t kDecideMinRows = 64;  // top-p steps of this many rows or more decide (kernels 1a-b)
+constexpr int64_t kRunnerUpMinRows = 4;  // steps with a cut of this many rows or more keep runner-ups
 constexpr int64_t kPdlMaxRows = 256;    // steps of fewer rows launch with PDL
 
 struct CutBin {
@@ -35,13 +36,23 @@ struct CutBin {
   unsigned long long limit;   // top-p: top_p_limit of the total mass; top-k: k
 };
 
-// A mass-cut or count-cut row's cut (kernel 2b), or its kept winner (kernel 1b or 2b), read by
-// kernels 2b, 3 and 4.
+// A mass-cut or count-cut row's cut (kernel 2b), or its token where kernel 1b or 2b found it
+// without the cut (the winner, or kernel 1b's runner-up), read by kernels 2b, 3 and 4.
 struct RowCut {
   CutBin cut;
-  int32_t winner_id;    // mass-cut rows whose winner is kept (the row's token); else kNoId
+  int32_t winner_id;    // mass-cut rows whose kept best is known (the row's token); else kNoId
   int32_t spread_slot;  // mass-cut rows it listed (spread): their index in spread_rows; else -1
   bool found;           // written this step (kernel 1 clears it); a row without runs the fallback
+};
+
+// What a top-p row's chunk leaves kernels 1b and 2b beside its ChunkResult: kernel 1's
+// runner-up (the chunk's second best z + G) and its z; in steps with decide, kernel 1a's float
+// sums of the masses of all its tokens and of those ranked before the row's winner and before
+// its runner-up.
+struct ChunkDecide {
+  Candidate runner_up;
+  float runner_up_z;
+  float total, before_winner, before_runner_up;
 };
 
 struct Args : split_row::Args {
@@ -55,7 +66,7 @@ struct Args : split_row::Args {
   bool spread;                      // kernel 3 spreads the listed mass-cut rows (few rows)
   // Steps that decide top-p rows before the histogram (decide: large batches).
   bool decide;
-  float2* mass_sums;                // [chunks] kernel 1a: a chunk's float mass sums (total, before)
+  ChunkDecide* chunk_decide;        // [chunks] kernel 1: top-p runner-ups; 1a: float mass sums
   int32_t* hist_rows;               // [rows] top-p rows kernel 2 spreads over its grid
   int32_t* hist_count;              // how many (kernel 1 clears it)
 };
@@ -202,6 +213,23 @@ __device__ RowWinner merge_winner(const Args& a, int64_t r, Candidate* scratch) 
   w = block_best<kThreads>(w, scratch);
   const float z = w.id == kNoId ? kNegInf : a.results[r * a.splits + w.id / a.chunk_len].winner_z;
   return RowWinner{w, z};
+}
+
+// A top-p row's runner-up: the best of the chunks' winners other than the row's winner `w` and
+// the runner-up of the chunk holding it, and that token's z.
+template <int kThreads>
+__device__ RowWinner merge_runner_up(const Args& a, int64_t r, const Candidate& w,
+                                     Candidate* scratch) {
+  Candidate u{kNegInf, kNoId};
+  for (int j = threadIdx.x; j < a.splits; j += kThreads) {
+    const Candidate c = a.results[r * a.splits + j].winner;
+    u = best_of(u, c.id == w.id ? a.chunk_decide[r * a.splits + j].runner_up : c);
+  }
+  u = block_best<kThreads>(u, scratch);
+  if (u.id == kNoId) return RowWinner{u, kNegInf};
+  const int64_t j = r * a.splits + u.id / a.chunk_len;
+  return RowWinner{u, a.results[j].winner.id == u.id ? a.results[j].winner_z
+                                                     : a.chunk_decide[j].runner_up_z};
 }
 
 // Every token in a bin below the cut that passes min-p is kept: when the row's best z + G is

@@ -9,11 +9,13 @@
 // rounds backward, split_row::Rounds, so they start on what the L2 still holds) and finished by
 // one block:
 //   1. stats: the argmax of the processed logits (z_max), the +inf count, raw log-sum-exp
-//      partials; top-p rows also their winner, the best z + G over all tokens;
-//   1a-b. in large top-p steps (decide), rows whose winner passes min-p: float sums of the
-//      masses of all tokens and of those ranked before the winner; a row where they prove
-//      the winner kept (surely_kept: about a fraction p of rows) is done, and the others go
-//      on to kernel 2, spread over its whole grid;
+//      partials; top-p rows also their winner, the best z + G over all tokens, and (in steps
+//      of kRunnerUpMinRows rows or more with a cut, kernel 2b) the runner-up, the second best;
+//   1a-b. in large top-p steps (decide), rows whose winner or runner-up passes min-p: float
+//      sums of the masses of all tokens and of those ranked before the winner and before the
+//      runner-up; a row where they prove the winner kept (surely_kept: about a fraction p of
+//      rows), or the winner dropped and the runner-up kept (most of the others), is done, and
+//      the others go on to kernel 2, spread over its whole grid;
 //   2. histogram (top-p / top-k rows): counts and masses of the row's tokens in bins of 1/64
 //      nat below z_max. Masses are the integers of row_rules.h's top_p_mass, summed per block in
 //      32-bit halves (native shared atomics) and per row in 64 bits, so the sums are exact and
@@ -21,7 +23,10 @@
 //   2b. cut (one block per row): the cut bin (the first whose cumulative mass reaches p times
 //      the total, or whose cumulative count reaches k). A top-p row whose winner passes min-p
 //      and lies below the cut bin is done: the winner is kept, so it is the kept set's best,
-//      and kernels 3 and 4 skip its cut. The other top-p rows are listed for kernel 3;
+//      and kernels 3 and 4 skip its cut; so, where kernel 1 kept runner-ups, is a row whose
+//      winner fails min-p or lies above the cut bin while its runner-up passes min-p and lies
+//      below it (every token but the winner ranks below the runner-up). The other top-p rows
+//      are listed for kernel 3;
 //   3. select: tokens above the cut bin are surely kept: a block keeps the best z + G among
 //      them (and the min-p threshold). Tokens in the cut bin (top-k rows: in it or above it) go
 //      to a per-row list. Min-p and top-k rows take their own chunks; the listed top-p rows (a
@@ -38,7 +43,9 @@
 // (split_row::launch); each kernel waits for the one ahead of it before its first global access.
 // Kernels 1–3 read whole chunks, so each comes in two instantiations picked at launch (as the
 // split-row chunk kernel): kMasked for a step with a grammar bitmask, and one without any
-// bitmask code for a step without.
+// bitmask code for a step without. Kernels 1 and 2b are also instantiated with and without the
+// runner-up (kRunnerUp: steps of kRunnerUpMinRows rows or more that run kernel 2b, those with
+// decide among them), so min-p, no-filter and 1-3 row steps carry none of its code.
 #pragma once
 
 #include "histogram_cut_args.cuh"
@@ -47,16 +54,19 @@ namespace tokensampler::cuda::histogram_cut {
 
 // Kernel 1: per chunk, the argmax of the processed logits, the +inf count, raw partials, and
 // for top-p rows the winner: the best z + G, noise only where it can win (as the split-row
-// no-filter loop; this kernel has issue slots to spare, the histogram kernel has not). Also
-// clears the row's histogram and cut list for kernels 2 and 3.
-template <typename T, bool kMasked>
+// no-filter loop; this kernel has issue slots to spare, the histogram kernel has not); with
+// kRunnerUp (try_sample says which steps) also the runner-up, the second best z + G, for every
+// top-p row of every chunk, which kernel 1b or 2b takes where it proves the winner dropped and
+// the runner-up kept. Also clears the row's histogram and cut list for kernels 2 and 3.
+template <typename T, bool kMasked, bool kRunnerUp>
 __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     stats_kernel(const T* __restrict__ logits, Args a) {
   extern __shared__ __align__(16) uint32_t bitmap[];
   __shared__ Candidate scratch[kChunkThreads / 32];
   __shared__ float red_m[kChunkThreads / 32], red_s[kChunkThreads / 32];
   __shared__ int32_t red_n[kChunkThreads / 32];
-  __shared__ split_row::BlockBest best_seen;
+  // second_seen (kRunnerUp): at most the block's second best
+  __shared__ split_row::BlockBest best_seen, second_seen;
   const Chunk c = chunk_of(a);
   split_row::wait_for_prior_grids();
   if (blockIdx.x == 0 && threadIdx.x == 0) *a.spread_count = *a.hist_count = 0;
@@ -73,13 +83,16 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     a.cut_count[c.r] = 0;
     a.row_cuts[c.r].found = false;
   }
-  if (threadIdx.x == 0) best_seen.reset();
+  if (threadIdx.x == 0) {
+    best_seen.reset();
+    if constexpr (kRunnerUp) second_seen.reset();
+  }
   const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);  // syncs
   const bool top_p_row = !p.greedy && !p.top_k_on && p.top_p < 1.0f;
   const float inv_t = 1.0f / p.temperature;  // estimates only; exact z = x / T where it counts
 
-  Candidate argmax{kNegInf, kNoId}, winner{kNegInf, kNoId};
-  float winner_z = kNegInf;
+  Candidate argmax{kNegInf, kNoId}, winner{kNegInf, kNoId}, runner_up{kNegInf, kNoId};
+  float winner_z = kNegInf, runner_up_z = kNegInf;
   float raw_m = kNegInf, raw_s = 0.0f;
   int32_t inf_count = 0;
   split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, a.wide_loads(),
@@ -98,28 +111,54 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     }
     // +inf rows never use the winner (kind_of: kFallback).
     if (!top_p_row || x_max4 == kNegInf || x_max4 == INFINITY) return;
-    const float bar = fmaxf(winner.z, best_seen.get());
+    // Tokens below `bar` cannot change what the thread keeps: the block's best so far, or with
+    // kRunnerUp a lower bound of the block's second best.
+    const float bar = kRunnerUp ? fmaxf(runner_up.z, second_seen.get())
+                                : fmaxf(winner.z, best_seen.get());
     const float z_max4 = x_max4 * inv_t;  // G <= 16.64; the margins cover the rounding
     const float margin = 1e-5f * fabsf(z_max4);
     if (z_max4 + 16.7f + margin < bar) return;
     const Philox4 w = random_words(p.seed, p.position, static_cast<uint32_t>(i) >> 2, kStreamGumbel);
     const uint32_t w_max = max(max(w.v[0], w.v[1]), max(w.v[2], w.v[3]));
     if (z_max4 + gumbel_upper_bound(w_max) + margin < bar) return;
+    const int32_t held = winner.id;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       if (x[q] == kNegInf) continue;
       const float z_est = x[q] * inv_t;
       // Scored unless surely below (a NaN bound is scored).
-      if (z_est + gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) < fmaxf(bar, winner.z))
+      if (z_est + gumbel_upper_bound(w.v[q]) + 1e-5f * fabsf(z_est) <
+          fmaxf(bar, kRunnerUp ? runner_up.z : winner.z))
         continue;
       const float z = scaled_logit(x[q], p.temperature);
       const Candidate scored{f_add(z, split_row::gumbel_of_word(w.v[q])), i + q};
       if (before(scored, winner)) {
+        if constexpr (kRunnerUp) {
+          runner_up = winner;
+          runner_up_z = winner_z;
+        }
         winner = scored;
         winner_z = z;
+      } else if constexpr (kRunnerUp) {
+        if (before(scored, runner_up)) {
+          runner_up = scored;
+          runner_up_z = z;
+        }
       }
     }
-    if (winner.z > bar) best_seen.raise(winner.z);  // above the block's best: share it
+    if constexpr (!kRunnerUp) {
+      if (winner.z > bar) best_seen.raise(winner.z);  // above the block's best: share it
+      return;
+    }
+    // A new winner and the token behind best_seen (published before it) are two tokens, so the
+    // block's second best is at least the lower of their scores.
+    float second = runner_up.z;
+    if (winner.id != held) {
+      const float seen = best_seen.get();
+      if (winner.z > seen) best_seen.raise(winner.z);
+      second = fmaxf(second, fminf(winner.z, seen));
+    }
+    if (second > bar) second_seen.raise(second);
   });
   argmax = block_best<kChunkThreads>(argmax, scratch);
   ChunkResult& out = a.results[blockIdx.x];
@@ -129,6 +168,17 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     if (block_winner.id == kNoId ? threadIdx.x == 0 : winner.id == block_winner.id) {
       out.winner = block_winner;
       out.winner_z = block_winner.id == kNoId ? kNegInf : winner_z;
+    }
+    if constexpr (kRunnerUp) {
+      // The best of the other threads' winners and the holder's runner-up.
+      const bool holder = winner.id == block_winner.id;
+      const Candidate mine = holder ? runner_up : winner;
+      const Candidate second = block_best<kChunkThreads>(mine, scratch);
+      if (second.id == kNoId ? threadIdx.x == 0 : mine.id == second.id) {
+        ChunkDecide& d = a.chunk_decide[blockIdx.x];
+        d.runner_up = second;
+        d.runner_up_z = second.id == kNoId ? kNegInf : holder ? runner_up_z : winner_z;
+      }
     }
   }
   warp_merge_lse(raw_m, raw_s);
@@ -234,7 +284,9 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
 }
 
 // Kernel 2b (one block per row with a cut): the cut bin, and for top-p rows whether the winner
-// is kept; in a step with spread, the rows it does not finish are listed for kernel 3 to spread.
+// is kept, or else (kRunnerUp: kernel 1 kept the runner-ups) dropped with the runner-up kept;
+// in a step with spread, the rows it does not finish are listed for kernel 3 to spread.
+template <bool kRunnerUp>
 __global__ void __launch_bounds__(kChunkThreads) cut_kernel(Args a) {
   __shared__ CutSmem<kChunkThreads> cut_sm;
   __shared__ Candidate scratch[kChunkThreads / 32];
@@ -251,8 +303,17 @@ __global__ void __launch_bounds__(kChunkThreads) cut_kernel(Args a) {
   int32_t winner_id = kNoId;
   if (kind == kMassCut) {
     const float z_max = scaled_logit(s.argmax.z, p.temperature);
+    const float tau = min_p_threshold(z_max, p.min_p);
     const RowWinner w = merge_winner<kChunkThreads>(a, r, scratch);
-    if (winner_is_kept(w, cut, z_max, min_p_threshold(z_max, p.min_p))) winner_id = w.best.id;
+    if (winner_is_kept(w, cut, z_max, tau)) {
+      winner_id = w.best.id;
+    } else if constexpr (kRunnerUp) {
+      if (w.best.id != kNoId && (w.z < tau || bin_of(w.z, z_max) > cut.bin)) {
+        // The winner is dropped: every other token ranks below the runner-up.
+        const RowWinner u = merge_runner_up<kChunkThreads>(a, r, w.best, scratch);
+        if (winner_is_kept(u, cut, z_max, tau)) winner_id = u.best.id;
+      }
+    }
   }
   if (threadIdx.x == 0) {
     int32_t slot = -1;

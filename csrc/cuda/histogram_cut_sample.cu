@@ -11,6 +11,14 @@
 
 namespace tokensampler::cuda::histogram_cut {
 
+// Kernel 1's instantiation for a step: kMasked where it has a grammar bitmask, kRunnerUp where
+// a later kernel reads the top-p rows' runner-ups (try_sample says which steps).
+template <typename T>
+auto stats_kernel_for(bool masked, bool runner_up) {
+  if (masked) return runner_up ? stats_kernel<T, true, true> : stats_kernel<T, true, false>;
+  return runner_up ? stats_kernel<T, false, true> : stats_kernel<T, false, false>;
+}
+
 bool try_sample(const SampleRowsCall& c) {
   if ((c.out_logprobs && c.logprobs_mode == 1) || c.logits.size(1) > kMaxVocab)
     return false;
@@ -28,9 +36,9 @@ bool try_sample(const SampleRowsCall& c) {
   a.spread = g.balance_splits > 1;
 
   // Chunk results, cut lists, histogram masses and counts, list lengths, row cuts, spread rows
-  // (and their count behind them), the spread blocks' best, mass sums, histogram rows (and
-  // their count).
-  static_assert(split_row::kMaxSplits * (sizeof(ChunkResult) + sizeof(Candidate) + sizeof(float2)) +
+  // (and their count behind them), the spread blocks' best, the chunks' decide data, histogram
+  // rows (and their count).
+  static_assert(split_row::kMaxSplits * (sizeof(ChunkResult) + sizeof(Candidate) + sizeof(ChunkDecide)) +
                     kCutCap * sizeof(Candidate) +
                     kBins * (sizeof(unsigned long long) + sizeof(int32_t)) + sizeof(int32_t) +
                     sizeof(RowCut) + 4 * sizeof(int32_t) <=
@@ -42,7 +50,7 @@ bool try_sample(const SampleRowsCall& c) {
           rows * kBins * int64_t{sizeof(unsigned long long)}, rows * kBins * int64_t{sizeof(int32_t)},
           rows * int64_t{sizeof(int32_t)}, rows * int64_t{sizeof(RowCut)},
           (rows + 1) * int64_t{sizeof(int32_t)}, chunks * int64_t{sizeof(Candidate)},
-          chunks * int64_t{sizeof(float2)}, (rows + 1) * int64_t{sizeof(int32_t)}},
+          chunks * int64_t{sizeof(ChunkDecide)}, (rows + 1) * int64_t{sizeof(int32_t)}},
       storage);
   a.results = reinterpret_cast<ChunkResult*>(sections[0]);
   a.chunk_candidates = reinterpret_cast<Candidate*>(sections[1]);
@@ -53,13 +61,22 @@ bool try_sample(const SampleRowsCall& c) {
   a.spread_rows = reinterpret_cast<int32_t*>(sections[6]);
   a.spread_count = a.spread_rows + rows;
   a.spread_best = reinterpret_cast<Candidate*>(sections[7]);
-  a.mass_sums = reinterpret_cast<float2*>(sections[8]);
+  a.chunk_decide = reinterpret_cast<ChunkDecide*>(sections[8]);
   a.hist_rows = reinterpret_cast<int32_t*>(sections[9]);
   a.hist_count = a.hist_rows + rows;
   // Deciding top-p rows from float sums first costs two launches and a read of every row: worth
   // it where every row is top-p and the histogram read is long (H100 run 60: top-p bs 128 -17 %,
   // but mixed batches +5-14 %, bs 32 +2 %); small batches are latency-bound.
   a.decide = c.route == Route::kTopP && rows >= kDecideMinRows;
+  // Kernel 1 keeps each top-p row's runner-up (ChunkDecide's first fields, written for every
+  // chunk of the row) in every step whose kernels read it: kernels 1a-b (decide: top-p routes)
+  // and 2b, which reads it for a mass-cut (top-p) row whose winner is dropped. Kernel 2b runs in
+  // every step with histogram_rows, top-k routes too: their rows are count-cut rows, but a row
+  // outside its step's route (the finish kernel's fallback covers those) may be a mass-cut row
+  // there. Min-p and no-filter steps run neither kernel: no runner-up. Nor do steps of 1-3
+  // rows: there kernel 1's second candidate cost more than the cuts it saved (H100 run 102:
+  // top-p 1.07x at bs 1-2, 0.99x at bs 4, 0.92x at bs 8, 0.85x at bs 16).
+  const bool runner_up = histogram_rows && (a.decide || rows >= kRunnerUpMinRows);
 
   const size_t bitmap_smem = c.apply_penalties ? kPenaltyBitmapWords * sizeof(uint32_t) : 0;
   const bool masked = a.token_bitmask.words != nullptr;  // kMasked: unmasked steps skip its code
@@ -69,7 +86,7 @@ bool try_sample(const SampleRowsCall& c) {
   auto run = [&](auto tag) {
     using T = decltype(tag);
     const T* x = c.logits.data_ptr<T>();
-    const auto stats_fn = masked ? stats_kernel<T, true> : stats_kernel<T, false>;
+    const auto stats_fn = stats_kernel_for<T>(masked, runner_up);
     const auto histogram_fn = masked ? histogram_kernel<T, true> : histogram_kernel<T, false>;
     const auto select_fn = masked ? select_kernel<T, true> : select_kernel<T, false>;
     const auto mass_sums_fn = masked ? mass_sums_kernel<T, true> : mass_sums_kernel<T, false>;
@@ -80,7 +97,8 @@ bool try_sample(const SampleRowsCall& c) {
     }
     if (histogram_rows) {
       split_row::launch(histogram_fn, chunks, kChunkThreads, bitmap_smem, pdl, x, a);
-      split_row::launch(cut_kernel, rows, kChunkThreads, 0, pdl, a);
+      const auto cut_fn = runner_up ? cut_kernel<true> : cut_kernel<false>;
+      split_row::launch(cut_fn, rows, kChunkThreads, 0, pdl, a);
     }
     split_row::launch(select_fn, chunks, kChunkThreads, bitmap_smem, pdl, x, a);
     split_row::launch(finish_kernel<T>, rows, kFinishThreads, 0, pdl, x, a);
