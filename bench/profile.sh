@@ -102,7 +102,8 @@ if timeout "${PROFILE_TIMEOUT:-420}" ncu --clock-control none --cache-control "$
      python3 /tmp/ts_profile_steps.py ncu "${SHAPES[@]}" > /tmp/ncu_run.txt 2>&1 &&
    ncu -i "$REPORT.ncu-rep" --csv --print-units base --page details > /tmp/ncu_profile.txt 2>&1; then
   { echo "=== ncu: ${SHAPES[*]}"; cat /tmp/ncu_profile.txt; } >> "$OUT/profiles.txt"
-  python3 bench/ncu_summary.py /tmp/ncu_profile.txt
+  { echo "=== ncu summary: ${SHAPES[*]}"; python3 bench/ncu_summary.py /tmp/ncu_profile.txt; } > /tmp/ncu_summary.txt
+  cat /tmp/ncu_summary.txt >> "$OUT/profiles.txt"
   if [ "${PROFILE_DETAIL:-0}" = 1 ]; then
     for view in cuda sass; do  # CUDA lines (-lineinfo; where ncu's CSV has them), then SASS
       ncu -i "$REPORT.ncu-rep" --csv --page source --print-source "$view" > /tmp/ncu_source.txt 2>&1
@@ -110,6 +111,7 @@ if timeout "${PROFILE_TIMEOUT:-420}" ncu --clock-control none --cache-control "$
         tee -a "$OUT/profiles.txt" | tail -60
     done
   fi
+  cat /tmp/ncu_summary.txt  # last, so the call's output tail keeps the per-kernel table
 else
   tail -5 /tmp/ncu_run.txt /tmp/ncu_profile.txt 2>/dev/null
   echo "ncu unavailable here; Kineto trace instead"
