@@ -7,8 +7,8 @@
 # build whose stamp equals the one it computes there and builds any other itself.
 #   bench/prebuild_device.sh [--variant file.patch[+file2.patch...]]...
 # The arch list is TORCH_CUDA_ARCH_LIST's, default 9.0a: the device images (H100 and H200) export
-# 9.0a, which device_run.sh keeps, and a stamp with another list is built there again (runs
-# 100-103 spent 204 s building three variants and the base that were prebuilt for 9.0).
+# 9.0a, which device_run.sh keeps, and a stamp with another list is built there again (run
+# 100 spent 204 s building the base and four variants that were prebuilt for 9.0).
 # The build environment (.devvenv: Python 3.12 from pyenv, torch 2.11.0 without its runtime
 # dependencies, CUDA headers from the project's .venv) is made on first use. Builds are
 # incremental: the base in the tree's build/, each variant in its own copy under .devvenv/src/,

@@ -28,6 +28,7 @@ static_assert(uint64_t{kMaxChunkTokens} * 65536 < (uint64_t{1} << 32) &&
 constexpr int32_t kMaxVocab = split_row::kMaxSplits * kMaxChunkTokens;  // 4.2 M; larger: one block per row
 constexpr int64_t kDecideMinRows = 64;  // top-p steps of this many rows or more decide (kernels 1a-b)
 constexpr int64_t kRunnerUpMinRows = 4;  // steps with a cut of this many rows or more keep runner-ups
+static_assert(kRunnerUpMinRows <= kDecideMinRows, "kernels 1a-b read the runner-ups");
 constexpr int64_t kPdlMaxRows = 256;    // steps of fewer rows launch with PDL
 
 struct CutBin {
@@ -238,6 +239,13 @@ __device__ RowWinner merge_runner_up(const Args& a, int64_t r, const Candidate& 
 __device__ __forceinline__ bool winner_is_kept(const RowWinner& w, const CutBin& cut, float z_max,
                                                float tau) {
   return w.best.id != kNoId && w.z >= tau && bin_of(w.z, z_max) < cut.bin;
+}
+
+// The mirror of winner_is_kept: the row's winner fails min-p or lies in a bin above the cut, so
+// every kept token ranks below it (a winner in the cut bin is neither).
+__device__ __forceinline__ bool winner_is_dropped(const RowWinner& w, const CutBin& cut,
+                                                  float z_max, float tau) {
+  return w.best.id != kNoId && (w.z < tau || bin_of(w.z, z_max) > cut.bin);
 }
 
 struct Chunk {

@@ -308,8 +308,8 @@ __global__ void __launch_bounds__(kChunkThreads) cut_kernel(Args a) {
     if (winner_is_kept(w, cut, z_max, tau)) {
       winner_id = w.best.id;
     } else if constexpr (kRunnerUp) {
-      if (w.best.id != kNoId && (w.z < tau || bin_of(w.z, z_max) > cut.bin)) {
-        // The winner is dropped: every other token ranks below the runner-up.
+      if (winner_is_dropped(w, cut, z_max, tau)) {
+        // Every other token ranks below the runner-up.
         const RowWinner u = merge_runner_up<kChunkThreads>(a, r, w.best, scratch);
         if (winner_is_kept(u, cut, z_max, tau)) winner_id = u.best.id;
       }

@@ -75,8 +75,9 @@ bool try_sample(const SampleRowsCall& c) {
   // outside its step's route (the finish kernel's fallback covers those) may be a mass-cut row
   // there. Min-p and no-filter steps run neither kernel: no runner-up. Nor do steps of 1-3
   // rows: there kernel 1's second candidate cost more than the cuts it saved (H100 run 102:
-  // top-p 1.07x at bs 1-2, 0.99x at bs 4, 0.92x at bs 8, 0.85x at bs 16).
-  const bool runner_up = histogram_rows && (a.decide || rows >= kRunnerUpMinRows);
+  // top-p 1.07x at bs 1-2, 0.99x at bs 4, 0.92x at bs 8, 0.85x at bs 16). Decide steps are
+  // top-p steps of kDecideMinRows >= kRunnerUpMinRows rows, so they keep them.
+  const bool runner_up = histogram_rows && rows >= kRunnerUpMinRows;
 
   const size_t bitmap_smem = c.apply_penalties ? kPenaltyBitmapWords * sizeof(uint32_t) : 0;
   const bool masked = a.token_bitmask.words != nullptr;  // kMasked: unmasked steps skip its code
