@@ -147,7 +147,9 @@ for name in "${VARIANT_NAMES[@]}"; do
     python3 bench/compare_runs.py "$OUT/bench.json" "$dir/bench.json" | tee -a "$OUT/gpu.txt"
   fi
   if [ "$RUN_BITMASK" = 1 ]; then
-    in_variant python3 bench/bitmask_bench.py --json "$dir/bitmask.json" $BITMASK_ARGS > "$dir/bitmask.log" 2>&1
+    # The variant's copy holds tracked files only: xgrammar's kernel comes from this checkout.
+    in_variant python3 bench/bitmask_bench.py --json "$dir/bitmask.json" \
+      --xgrammar-kernel "$PWD/.xg/apply_token_bitmask_inplace_triton.py" $BITMASK_ARGS > "$dir/bitmask.log" 2>&1
     tail -20 "$dir/bitmask.log"
   fi
 done

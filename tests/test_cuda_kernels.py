@@ -370,6 +370,38 @@ def test_append_history_matches_cpu_and_overflows():
         assert torch.equal(table, dev.cpu())
 
 
+def test_append_history_places_tokens_in_long_histories():
+    """Histories past one warp's probes (32) and past 1024 entries, so the warp's search takes
+    two and three rounds: new tokens below, between and above every entry, repeats, and a list
+    that fills up (row 3). Same table as the CPU op after every step."""
+    V, cap, n = 20000, 3000, 64
+    rng = random.Random(2)
+    params = [ts.SamplingParams(presence_penalty=0.5, seed=i) for i in range(3)]
+    mgr = _C.SlotStateManager(pool_rows=4, vocab_size=V, history_capacity=cap, bias_capacity=2,
+                              with_min_p=True, device="cpu")
+    mgr.prepare_step([f"r{i}" for i in range(3)], [1, 2, 3],
+                     [to_slot_params(p, f"r{i}", V) for i, p in enumerate(params)], [])
+    table = mgr.table.clone()
+    dev = table.cuda()
+    slots = torch.tensor([1, 2, 3], dtype=torch.int32)
+    seen = [[], [], []]
+    for step in range(60):
+        toks = []
+        for r in range(3):
+            for _ in range(n):  # rows 1 and 2 repeat a third of their tokens, row 3 none
+                repeat = r < 2 and seen[r] and rng.random() < 0.33
+                t = rng.choice(seen[r]) if repeat else rng.randrange(V)
+                seen[r].append(t)
+                toks.append(t)
+        toks = torch.tensor(toks, dtype=torch.int32)
+        acc = torch.tensor([n, rng.randrange(n + 1), n], dtype=torch.int32)
+        OPS.append_history(table, cap, 2, slots, toks, acc, n)
+        OPS.append_history(dev, cap, 2, slots.cuda(), toks.cuda(), acc.cuda(), n)
+        assert torch.equal(table, dev.cpu()), f"step {step}"
+    distinct = [len(set(s)) for s in seen]
+    assert distinct[0] > 1024 and distinct[2] > cap, distinct
+
+
 # ------------------------------------------------------------------ graph safety
 def _device_inputs(V=151936, bs=16, route="top_k_top_p"):
     rng = random.Random(5)

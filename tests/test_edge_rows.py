@@ -73,6 +73,28 @@ def test_plus_inf_bias_wins_over_finite_logits(device, route):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("route", list(ROUTES))
+def test_neutral_penalties_leave_history_and_prompt_tokens_as_they_are(device, route):
+    """Repetition 1, frequency 0 and presence 0 with a prompt, a bias and a growing output
+    history: the CUDA kernels mark the bias tokens only (the rest is the identity), and every
+    step gives the CPU's token. The best logits are -0.0, which the CPU's penalty step turns into
+    +0.0 on history tokens (a 0 bias added) and the kernels now leave at -0.0: ties alike."""
+    extra = dict(repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0,
+                 logit_bias={42: 2.5, V - 1: -1.0})
+    b, params = _backend(device, route, **extra)
+    cpu_b, cpu_params = _backend("cpu", route, **extra)
+    prompts = [[7, 20, 42, 100 + i] for i in range(BS)]
+    g = torch.Generator().manual_seed(12)
+    for step in range(6):
+        logits = torch.randn(BS, V, generator=g) - 12.0
+        logits[:, :24] = -0.0  # the best tokens, every one of them soon in the history
+        logits[:, 42] = -2.0   # +2.5 bias: 0.5, the row's best
+        tokens = _step(b, params, logits, step, prompts)[0]
+        assert tokens == _step(cpu_b, cpu_params, logits, step, prompts)[0], step
+        prompts = None  # read at the flip only
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("route", list(ROUTES))
 def test_raw_plus_inf_banned_by_a_minus_inf_bias_is_never_sampled(device, route):
     """+inf raw logit plus a -inf bias is NaN, which counts as -inf: the token is banned and the
     row samples its finite tokens like any other (the raw logprob of a finite token is -inf:

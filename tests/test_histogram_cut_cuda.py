@@ -82,15 +82,15 @@ def test_top_p_rows_whose_winner_is_kept_or_cut(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("bs", [2, 32, 128])
+@pytest.mark.parametrize("bs", [3, 32, 128])
 def test_decided_rows_take_the_winner_or_the_runner_up(dtype, bs):
     """At p = 0.5 about half the winners are dropped, and where the runner-up (the best z + G
     after the winner: the unfiltered token once the winner is banned) is kept it is the row's
     token, found from float mass sums (kernels 1a-b, 128 rows), from the cut bin (kernel 2b,
-    32 rows: no decide) or, in a step too small to keep runner-ups (2 rows: row 0 takes its
-    runner-up, row 1 neither), by resolving the cut. Every row matches the CPU."""
+    32 rows: no decide) or, in a step too small to keep runner-ups (3 rows: one of each kind, in
+    both dtypes), by resolving the cut. Every row matches the CPU."""
     V = 151936
-    g = torch.Generator().manual_seed(61)
+    g = torch.Generator().manual_seed(69)
     logits = (torch.randn(bs, V, generator=g) * 2).to(dtype)
     _, filtered = _compare(
         lambda i: ts.SamplingParams(seed=400 + i, temperature=1.0, top_p=0.5), logits)
@@ -100,7 +100,7 @@ def test_decided_rows_take_the_winner_or_the_runner_up(dtype, bs):
                                     logit_bias={int(winners[i]): -1e4}), logits)
     took_winner = int((filtered == winners).sum())
     took_runner_up = int((filtered == runners_up).sum())
-    assert took_winner >= bs // 8, took_winner
+    assert took_winner >= max(1, bs // 8), took_winner
     assert took_runner_up >= max(1, bs // 8), took_runner_up
     assert took_winner + took_runner_up < bs  # and rows that resolve their cut
 

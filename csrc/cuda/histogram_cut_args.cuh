@@ -260,9 +260,11 @@ __device__ __forceinline__ Chunk chunk_of(const Args& a) {
 }
 
 // The chunk's penalty source, its penalised tokens marked in the shared bitmap (syncs).
+// kPenalties false (a step without penalties): nothing to mark.
+template <bool kPenalties>
 __device__ __forceinline__ PenaltySource mark_chunk_penalties(const Args& a, const RowParams& p,
                                                               const Chunk& c, uint32_t* bitmap) {
-  if (!a.penalties) {
+  if (!kPenalties || !a.penalties) {
     __syncthreads();
     return PenaltySource{};
   }
@@ -280,13 +282,14 @@ __device__ __forceinline__ split_row::Args without_raw(const Args& a) {
 }
 
 // Sanitises and penalises four logits in place (-inf past the chunk); returns their maximum.
+template <bool kPenalties>
 __device__ __forceinline__ float processed_group(float (&x)[4], int32_t i, const Chunk& c,
                                                  const split_row::Args& quiet,
                                                  const uint32_t* bitmap, const PenaltySource& pen) {
   int32_t inf_count = 0;
   float raw_m = kNegInf, raw_s = 0.0f;
-  return split_row::process_group(x, i, c.begin, c.end, quiet, bitmap, pen, inf_count, raw_m,
-                                  raw_s, nullptr);
+  return split_row::process_group<kPenalties>(x, i, c.begin, c.end, quiet, bitmap, pen,
+                                              inf_count, raw_m, raw_s, nullptr);
 }
 
 // A spread row's share of a grid (kernels 2 and 3): the blocks b with b % n == slot (n rows in

@@ -109,7 +109,7 @@ __device__ __forceinline__ DecideRow decide_row(const Args& a, int64_t r, Candid
   return d;
 }
 
-template <typename T, bool kMasked>
+template <typename T, bool kMasked, bool kPenalties>
 __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     mass_sums_kernel(const T* __restrict__ logits, Args a) {
   extern __shared__ __align__(16) uint32_t bitmap[];
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   if (!d.mass_cut || !d.decidable) return;
   const RowParams& p = d.p;
   const float inv_t = 1.0f / p.temperature, m = d.m;
-  const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);  // syncs
+  const PenaltySource pen = mark_chunk_penalties<kPenalties>(a, p, c, bitmap);  // syncs
   // Ranked before a token: z > its z, or the same z and a lower id (raw-logit thresholds). A
   // missing runner-up (z = -inf, id kNoId) has every token but -inf ones before it: unused.
   auto z_of = [&](float x) { return x == kNegInf ? kNegInf : scaled_logit(x, p.temperature); };
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   // Backward: kernel 1 streamed the chunk forward, so the L2 holds its end.
   split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, quiet.wide_loads(),
                             split_row::Rounds::kBackward, [&](float (&x)[4], int32_t i) {
-    if (processed_group(x, i, c, quiet, bitmap, pen) == kNegInf) return;
+    if (processed_group<kPenalties>(x, i, c, quiet, bitmap, pen) == kNegInf) return;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const float e = __expf(fmaf(x[q], inv_t, -m));  // 0 for x = -inf

@@ -41,11 +41,12 @@
 // run the one-block-per-row kernel's code (sample_kernel.cuh) inside the finish kernel.
 // Steps of fewer than kPdlMaxRows rows launch every kernel with programmatic dependent launch
 // (split_row::launch); each kernel waits for the one ahead of it before its first global access.
-// Kernels 1–3 read whole chunks, so each comes in two instantiations picked at launch (as the
-// split-row chunk kernel): kMasked for a step with a grammar bitmask, and one without any
-// bitmask code for a step without. Kernels 1 and 2b are also instantiated with and without the
-// runner-up (kRunnerUp: steps of kRunnerUpMinRows rows or more that run kernel 2b, those with
-// decide among them), so min-p, no-filter and 1-3 row steps carry none of its code.
+// Kernels 1–3 read whole chunks, so each comes in four instantiations picked at launch (as the
+// split-row chunk kernel): kMasked for a step with a grammar bitmask and kPenalties for a step
+// with penalties, so a step without either carries none of its code. Kernels 1 and 2b are also
+// instantiated with and without the runner-up (kRunnerUp: steps of kRunnerUpMinRows rows or more
+// that run kernel 2b, those with decide among them), so min-p, no-filter and 1-3 row steps carry
+// none of its code.
 #pragma once
 
 #include "histogram_cut_args.cuh"
@@ -58,7 +59,7 @@ namespace tokensampler::cuda::histogram_cut {
 // kRunnerUp (try_sample says which steps) also the runner-up, the second best z + G, for every
 // top-p row of every chunk, which kernel 1b or 2b takes where it proves the winner dropped and
 // the runner-up kept. Also clears the row's histogram and cut list for kernels 2 and 3.
-template <typename T, bool kMasked, bool kRunnerUp>
+template <typename T, bool kMasked, bool kRunnerUp, bool kPenalties>
 __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     stats_kernel(const T* __restrict__ logits, Args a) {
   extern __shared__ __align__(16) uint32_t bitmap[];
@@ -87,7 +88,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     best_seen.reset();
     if constexpr (kRunnerUp) second_seen.reset();
   }
-  const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);  // syncs
+  const PenaltySource pen = mark_chunk_penalties<kPenalties>(a, p, c, bitmap);  // syncs
   const bool top_p_row = !p.greedy && !p.top_k_on && p.top_p < 1.0f;
   const float inv_t = 1.0f / p.temperature;  // estimates only; exact z = x / T where it counts
 
@@ -102,11 +103,11 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     // constant pointer, so the argmax stays in registers.
     float x_max4;
     if (p.greedy) {
-      x_max4 = split_row::process_group(x, i, c.begin, c.end, a, bitmap, pen, inf_count, raw_m,
-                                        raw_s, &argmax);
+      x_max4 = split_row::process_group<kPenalties>(x, i, c.begin, c.end, a, bitmap, pen,
+                                                    inf_count, raw_m, raw_s, &argmax);
     } else {
-      x_max4 = split_row::process_group(x, i, c.begin, c.end, a, bitmap, pen, inf_count, raw_m,
-                                        raw_s, nullptr);
+      x_max4 = split_row::process_group<kPenalties>(x, i, c.begin, c.end, a, bitmap, pen,
+                                                    inf_count, raw_m, raw_s, nullptr);
       argmax.z = fmaxf(argmax.z, x_max4);
     }
     // +inf rows never use the winner (kind_of: kFallback).
@@ -209,7 +210,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
 // atomic (a 64-bit one is a compare-and-swap loop): count rows count tokens in `low`; mass rows
 // add each mass's low 16 bits to `low` and the rest to `high` (kMaxChunkTokens: neither wraps).
 // Syncs.
-template <typename T, bool kMasked>
+template <typename T, bool kMasked, bool kPenalties>
 __device__ void histogram_range(const T* __restrict__ logits, const Args& a, const Chunk& c,
                                 const RowParams& p, bool by_mass, float z_max,
                                 split_row::Rounds order, uint32_t* bitmap, uint32_t* low,
@@ -219,12 +220,12 @@ __device__ void histogram_range(const T* __restrict__ logits, const Args& a, con
     low[b] = 0;
     high[b] = 0;
   }
-  const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);  // syncs
+  const PenaltySource pen = mark_chunk_penalties<kPenalties>(a, p, c, bitmap);  // syncs
 
   const split_row::Args quiet = without_raw(a);
   split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, quiet.wide_loads(),
                             order, [&](float (&x)[4], int32_t i) {
-    if (processed_group(x, i, c, quiet, bitmap, pen) == kNegInf) return;
+    if (processed_group<kPenalties>(x, i, c, quiet, bitmap, pen) == kNegInf) return;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       if (x[q] == kNegInf) continue;
@@ -254,7 +255,7 @@ __device__ void histogram_range(const T* __restrict__ logits, const Args& a, con
 // Kernel 2: count-cut rows (and mass-cut rows of a step without decide) take their own chunk,
 // backward after kernel 1's forward pass; then, in a step with decide, every block takes its
 // share of a top-p row kernels 1a-b did not keep (spread_share over hist_rows).
-template <typename T, bool kMasked>
+template <typename T, bool kMasked, bool kPenalties>
 __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     histogram_kernel(const T* __restrict__ logits, Args a) {
   extern __shared__ __align__(16) uint32_t bitmap[];
@@ -268,9 +269,9 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     const RowStats s = merge_stats<kChunkThreads>(a, c.r, scratch, red);
     const int kind = kind_of(p, s.argmax.z, s.inf_count);
     if (kind == kCountCut || (kind == kMassCut && !a.decide))
-      histogram_range<T, kMasked>(logits, a, c, p, kind == kMassCut,
-                                  scaled_logit(s.argmax.z, p.temperature),
-                                  split_row::Rounds::kBackward, bitmap, low, high);
+      histogram_range<T, kMasked, kPenalties>(logits, a, c, p, kind == kMassCut,
+                                              scaled_logit(s.argmax.z, p.temperature),
+                                              split_row::Rounds::kBackward, bitmap, low, high);
   }
   if (!a.decide) return;
   const int32_t n = *a.hist_count;
@@ -279,8 +280,9 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   if (share.begin >= share.end) return;
   const RowParams q = split_row::row_params(a, share.r);
   const RowStats s = merge_stats<kChunkThreads>(a, share.r, scratch, red);
-  histogram_range<T, kMasked>(logits, a, share, q, true, scaled_logit(s.argmax.z, q.temperature),
-                              split_row::Rounds::kForward, bitmap, low, high);
+  histogram_range<T, kMasked, kPenalties>(logits, a, share, q, true,
+                                          scaled_logit(s.argmax.z, q.temperature),
+                                          split_row::Rounds::kForward, bitmap, low, high);
 }
 
 // Kernel 2b (one block per row with a cut): the cut bin, and for top-p rows whether the winner
@@ -328,7 +330,7 @@ __global__ void __launch_bounds__(kChunkThreads) cut_kernel(Args a) {
 // Kernel 3's work on tokens [c.begin, c.end) of row c.r (a cut row, or a min-p row: no cut): the
 // best z + G of the surely kept tokens, returned to every thread; the cut bin's tokens appended
 // to the row's list. Syncs.
-template <typename T, bool kMasked>
+template <typename T, bool kMasked, bool kPenalties>
 __device__ Candidate select_range(const T* __restrict__ logits, const Args& a, const Chunk& c,
                                   const RowParams& p, int kind, const CutBin& cut, float z_max,
                                   split_row::Rounds order, uint32_t* bitmap, Candidate* scratch,
@@ -340,7 +342,7 @@ __device__ Candidate select_range(const T* __restrict__ logits, const Args& a, c
   const int list_from = kind == kMassCut ? cut.bin : 0;
   const int list_to = kind == kNoCut ? -1 : cut.bin;
   if (threadIdx.x == 0) best_seen.reset();
-  const PenaltySource pen = mark_chunk_penalties(a, p, c, bitmap);  // syncs
+  const PenaltySource pen = mark_chunk_penalties<kPenalties>(a, p, c, bitmap);  // syncs
 
   // A token is surely kept when x >= x_sure and listed when x_list <= x < x_above_list (the
   // tests on z = x / T below, as raw-logit thresholds: lowest_logit_where).
@@ -366,7 +368,7 @@ __device__ Candidate select_range(const T* __restrict__ logits, const Args& a, c
   Candidate* list = a.chunk_candidates + c.r * kCutCap;
   split_row::for_each_round(a.row_of<kMasked>(logits, c.r), c.begin, c.end, quiet.wide_loads(),
                             order, [&](float (&x)[4], int32_t i) {
-    processed_group(x, i, c, quiet, bitmap, pen);
+    processed_group<kPenalties>(x, i, c, quiet, bitmap, pen);
     float sure_max = kNegInf;
     bool sure[4], listed[4];
 #pragma unroll
@@ -417,7 +419,7 @@ __device__ Candidate select_range(const T* __restrict__ logits, const Args& a, c
 // forward pass; a direction chosen per row would inline the loop twice): its surely kept best
 // into results[].best. Then every block takes its share of a spread row (spread_share): its
 // best into spread_best[block].
-template <typename T, bool kMasked>
+template <typename T, bool kMasked, bool kPenalties>
 __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     select_kernel(const T* __restrict__ logits, Args a) {
   extern __shared__ __align__(16) uint32_t bitmap[];
@@ -436,7 +438,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     if (kind == kNoCut ||
         (own_cut && a.row_cuts[c.r].found && a.row_cuts[c.r].winner_id == kNoId)) {
       const CutBin cut = kind == kNoCut ? CutBin{kBins, 0, 0} : a.row_cuts[c.r].cut;
-      const Candidate best = select_range<T, kMasked>(
+      const Candidate best = select_range<T, kMasked, kPenalties>(
           logits, a, c, p, kind, cut, scaled_logit(s.argmax.z, p.temperature),
           split_row::Rounds::kBackward, bitmap, scratch, best_seen);
       if (threadIdx.x == 0) a.results[blockIdx.x].best = best;
@@ -449,9 +451,11 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   if (share.begin < share.end) {  // a mass-cut row (cut_kernel)
     const RowParams q = split_row::row_params(a, share.r);
     const RowStats s = merge_stats<kChunkThreads>(a, share.r, scratch, red);
-    best = select_range<T, kMasked>(logits, a, share, q, kMassCut, a.row_cuts[share.r].cut,
-                                    scaled_logit(s.argmax.z, q.temperature),
-                                    split_row::Rounds::kForward, bitmap, scratch, best_seen);
+    best = select_range<T, kMasked, kPenalties>(logits, a, share, q, kMassCut,
+                                                a.row_cuts[share.r].cut,
+                                                scaled_logit(s.argmax.z, q.temperature),
+                                                split_row::Rounds::kForward, bitmap, scratch,
+                                                best_seen);
   }
   if (threadIdx.x == 0) a.spread_best[blockIdx.x] = best;
 }

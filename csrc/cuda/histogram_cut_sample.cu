@@ -11,12 +11,31 @@
 
 namespace tokensampler::cuda::histogram_cut {
 
-// Kernel 1's instantiation for a step: kMasked where it has a grammar bitmask, kRunnerUp where
-// a later kernel reads the top-p rows' runner-ups (try_sample says which steps).
+// The instantiations of the kernels that read whole chunks (1, 1a, 2 and 3) for a step: kMasked
+// where it has a grammar bitmask, kPenalties where it applies penalties, and for kernel 1
+// kRunnerUp where a later kernel reads the top-p rows' runner-ups (try_sample says which steps).
 template <typename T>
-auto stats_kernel_for(bool masked, bool runner_up) {
-  if (masked) return runner_up ? stats_kernel<T, true, true> : stats_kernel<T, true, false>;
-  return runner_up ? stats_kernel<T, false, true> : stats_kernel<T, false, false>;
+struct ChunkKernels {
+  using Kernel = void (*)(const T*, Args);
+  Kernel stats, mass_sums, histogram, select;
+};
+
+template <typename T, bool kMasked, bool kPenalties>
+ChunkKernels<T> chunk_kernels(bool runner_up) {
+  return {runner_up ? stats_kernel<T, kMasked, true, kPenalties>
+                    : stats_kernel<T, kMasked, false, kPenalties>,
+          mass_sums_kernel<T, kMasked, kPenalties>, histogram_kernel<T, kMasked, kPenalties>,
+          select_kernel<T, kMasked, kPenalties>};
+}
+
+template <typename T>
+ChunkKernels<T> chunk_kernels(bool masked, bool penalties, bool runner_up) {
+  if (masked) {
+    return penalties ? chunk_kernels<T, true, true>(runner_up)
+                     : chunk_kernels<T, true, false>(runner_up);
+  }
+  return penalties ? chunk_kernels<T, false, true>(runner_up)
+                   : chunk_kernels<T, false, false>(runner_up);
 }
 
 bool try_sample(const SampleRowsCall& c) {
@@ -87,21 +106,18 @@ bool try_sample(const SampleRowsCall& c) {
   auto run = [&](auto tag) {
     using T = decltype(tag);
     const T* x = c.logits.data_ptr<T>();
-    const auto stats_fn = stats_kernel_for<T>(masked, runner_up);
-    const auto histogram_fn = masked ? histogram_kernel<T, true> : histogram_kernel<T, false>;
-    const auto select_fn = masked ? select_kernel<T, true> : select_kernel<T, false>;
-    const auto mass_sums_fn = masked ? mass_sums_kernel<T, true> : mass_sums_kernel<T, false>;
-    split_row::launch(stats_fn, chunks, kChunkThreads, bitmap_smem, pdl, x, a);
+    const ChunkKernels<T> k = chunk_kernels<T>(masked, a.penalties, runner_up);
+    split_row::launch(k.stats, chunks, kChunkThreads, bitmap_smem, pdl, x, a);
     if (a.decide) {
-      split_row::launch(mass_sums_fn, chunks, kChunkThreads, bitmap_smem, pdl, x, a);
+      split_row::launch(k.mass_sums, chunks, kChunkThreads, bitmap_smem, pdl, x, a);
       split_row::launch(decide_kernel, rows, kChunkThreads, 0, pdl, a);
     }
     if (histogram_rows) {
-      split_row::launch(histogram_fn, chunks, kChunkThreads, bitmap_smem, pdl, x, a);
+      split_row::launch(k.histogram, chunks, kChunkThreads, bitmap_smem, pdl, x, a);
       const auto cut_fn = runner_up ? cut_kernel<true> : cut_kernel<false>;
       split_row::launch(cut_fn, rows, kChunkThreads, 0, pdl, a);
     }
-    split_row::launch(select_fn, chunks, kChunkThreads, bitmap_smem, pdl, x, a);
+    split_row::launch(k.select, chunks, kChunkThreads, bitmap_smem, pdl, x, a);
     split_row::launch(finish_kernel<T>, rows, kFinishThreads, 0, pdl, x, a);
   };
   dispatch_logits_dtype(c.logits.scalar_type(), run);

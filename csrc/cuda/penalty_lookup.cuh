@@ -24,7 +24,16 @@ __device__ __forceinline__ uint32_t penalty_bit(int32_t token, int32_t base) {
   return static_cast<uint32_t>(token - base) & (kPenaltyBitmapWords * 32 - 1);
 }
 
+// Whether the slot's repetition, frequency and presence penalties leave every logit as it is
+// (1, 0, 0): penalized_logit then only adds the bias (a -0 logit may come out +0, which ranks,
+// scores and masses alike), so only bias tokens need marking.
+__device__ __forceinline__ bool penalties_neutral(const SlotRow& s) {
+  return s.repetition() == 1.0f && s.frequency() == 0.0f && s.presence() == 0.0f;
+}
+
 // Marks the penalised tokens in [base, end) with all kThreads threads of the block. Syncs.
+// A slot whose penalties are neutral (a gumbel_full request without any, the common case) marks
+// its bias tokens only: no history, draft or prompt-mask reads, and no lookups in the hot loops.
 template <int kThreads>
 __device__ void mark_penalized_tokens(const PenaltySource& src, int32_t base, int32_t end,
                                       uint32_t* bitmap) {
@@ -37,15 +46,17 @@ __device__ void mark_penalized_tokens(const PenaltySource& src, int32_t base, in
       atomicOr(&bitmap[b >> 5], 1u << (b & 31));
     }
   };
-  const int32_t hl = src.slot.history_size();
   const int32_t bl = src.slot.bias_size();
-  for (int32_t k = threadIdx.x; k < hl; k += kThreads) mark(src.slot.history_tokens()[k]);
   for (int32_t k = threadIdx.x; k < bl; k += kThreads) mark(src.slot.bias_tokens()[k]);
-  for (int32_t k = threadIdx.x; k < src.num_drafts; k += kThreads) mark(src.drafts[k]);
-  // Prompt tokens in [base, end): the mask's words there, one bit at a time (only slots with a
-  // repetition penalty have bits set; the loads are V / 32 words at most).
-  const int32_t w_end = static_cast<int32_t>((static_cast<int64_t>(end) + 31) >> 5);
-  src.slot.for_each_prompt_token((base >> 5) + threadIdx.x, w_end, kThreads, mark);
+  if (!penalties_neutral(src.slot)) {
+    const int32_t hl = src.slot.history_size();
+    for (int32_t k = threadIdx.x; k < hl; k += kThreads) mark(src.slot.history_tokens()[k]);
+    for (int32_t k = threadIdx.x; k < src.num_drafts; k += kThreads) mark(src.drafts[k]);
+    // Prompt tokens in [base, end): the mask's words there, one bit at a time (only slots with
+    // a repetition penalty have bits set; the loads are V / 32 words at most).
+    const int32_t w_end = static_cast<int32_t>((static_cast<int64_t>(end) + 31) >> 5);
+    src.slot.for_each_prompt_token((base >> 5) + threadIdx.x, w_end, kThreads, mark);
+  }
   __syncthreads();
 }
 

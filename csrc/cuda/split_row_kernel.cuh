@@ -26,15 +26,15 @@
 // kernels, so tokens are identical. In rejection-sampling verify (try_verify_rejection) the
 // finisher also judges the row's draft over the kept set it holds (rejection_verdict.cuh) and
 // writes the verdict for verify.cu's walker, which runs the rows it leaves undecided.
-// Two launches of it (split_row_sample.cu picks by the step's rows; kMasked by whether the step
-// has a grammar bitmask, so steps without one run no bitmask code):
-//   - single launch, small steps: chunk_kernel<T, true, kMasked>. Each block, after writing its
+// Two launches of it (split_row_sample.cu picks by the step's rows; kMasked and kPenalties by
+// whether the step has a grammar bitmask and penalties, so steps without run none of their code):
+//   - single launch, small steps: chunk_kernel<T, true, ...>. Each block, after writing its
 //     chunk's results, takes a ticket of its row (an atomic counter in the workspace, after a
 //     __threadfence); the block that draws the last one reads the others' results through L2,
 //     finishes the row in its own shared memory and resets the ticket to zero, so the next
 //     launch and every CUDA-graph replay find it zero (workspace.h states the invariant). No
 //     block ever waits for another. Rows without top-k take up to kFusedMaxSplits chunks here.
-//   - two launches, larger steps: chunk_kernel<T, false, kMasked>, then finish_kernel (one block
+//   - two launches, larger steps: chunk_kernel<T, false, ...>, then finish_kernel (one block
 //     per row), launched with programmatic dependent launch.
 #pragma once
 
@@ -113,7 +113,9 @@ inline __device__ __noinline__ float gumbel_score(float x, float temperature, ui
 // Returns the group's largest processed logit; greedy rows (argmax != nullptr) also track the
 // argmax. The common group (finite logits, no penalties) costs a few min/max: fmaxf(x, -inf) is
 // sanitize_logit (fmaxf returns its other operand for a NaN, x for anything else), one
-// instruction a token where a NaN test and selects took three.
+// instruction a token where a NaN test and selects took three. kPenalties false (a chunk kernel
+// of a step without penalties): no penalty code at all; true: a.penalties decides at run time.
+template <bool kPenalties = true>
 __device__ __forceinline__ float process_group(float (&x)[4], int32_t i, int32_t begin,
                                                int32_t end, const Args& a,
                                                const uint32_t* bitmap, const PenaltySource& pen,
@@ -127,7 +129,8 @@ __device__ __forceinline__ float process_group(float (&x)[4], int32_t i, int32_t
     for (int q = 0; q < 4; ++q) inf_count += x[q] == INFINITY;
   }
   if (a.want_raw) fold_raw_group(make_float4(x[0], x[1], x[2], x[3]), raw_m, raw_s);
-  const uint32_t marked = a.penalties && i < end ? penalty_nibble(bitmap, i, begin) : 0u;
+  const uint32_t marked =
+      kPenalties && a.penalties && i < end ? penalty_nibble(bitmap, i, begin) : 0u;
   if (marked != 0u || argmax != nullptr) {
     x_max4 = kNegInf;
 #pragma unroll
@@ -232,10 +235,12 @@ __device__ __forceinline__ void append_candidate(bool take, Candidate c, Candida
 
 // kFused (the single launch): the last block of each row to finish its chunk (a per-row ticket)
 // finishes the row itself, so a step is one kernel. kMasked: the step has a grammar bitmask;
-// without one the loops carry no bitmask code (they run at the 64-register cap). kWide: 2-byte
-// rows in steps without logprobs read 8 tokens a load (group_token); a template parameter, so
-// each kernel carries one loop layout.
-template <typename T, bool kFused, bool kMasked, bool kWide = false>
+// without one the loops carry no bitmask code (they run at the 64-register cap). kPenalties:
+// the step applies penalties (a.penalties); without them the loops carry no penalty code
+// (run 100: changing only that code cost unpenalised top-k steps 2-7 %). kWide: 2-byte rows in
+// steps without logprobs read 8 tokens a load (group_token); a template parameter, so each
+// kernel carries one loop layout.
+template <typename T, bool kFused, bool kMasked, bool kPenalties, bool kWide = false>
 __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     chunk_kernel(const T* __restrict__ logits, Args a) {
   // Dynamic shared memory: [penalty bitmap, if penalties][candidate buffer, if top-k rows]
@@ -272,16 +277,16 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   // logits tie there in ~60 % of chunks (bf16 randn, k = 50); 4-byte ones almost never.
   const int tie_cap = sizeof(T) == 2 ? a.k_cap : 0;
   uint32_t* bitmap = reinterpret_cast<uint32_t*>(dyn_smem);
-  Candidate* buf = reinterpret_cast<Candidate*>(dyn_smem + (a.penalties ? kPenaltyBitmapWords * 4 : 0));
+  Candidate* buf = reinterpret_cast<Candidate*>(dyn_smem + (kPenalties ? kPenaltyBitmapWords * 4 : 0));
   int32_t* mask_stage = reinterpret_cast<int32_t*>(buf + (a.k_cap > 0 ? kBufferCap : 0));
   LogitsRow<T, kMasked> row = a.row_of<kMasked>(logits, r);
   // Staged words are read only after the barrier below.
   if (a.stage_bitmask) row = stage_mask(row, begin, end, mask_stage, kChunkThreads);
-  const PenaltySource pen = a.penalties ? penalty_source(a, p, r) : PenaltySource{};
+  const PenaltySource pen = kPenalties ? penalty_source(a, p, r) : PenaltySource{};
   const float inv_t = 1.0f / p.temperature;  // estimates only; exact z = x / T where it counts
   static_assert(!kWide || sizeof(T) == 2, "wide loads serve the 2-byte types");
   constexpr bool wide = kWide;  // group_token
-  if (a.penalties) mark_penalized_tokens<kChunkThreads>(pen, begin, end, bitmap);
+  if constexpr (kPenalties) mark_penalized_tokens<kChunkThreads>(pen, begin, end, bitmap);
 
   Candidate argmax{kNegInf, kNoId}, best{kNegInf, kNoId}, inf_best{kNegInf, kNoId};
   float raw_m = kNegInf, raw_s = 0.0f;
@@ -307,7 +312,8 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     constexpr bool kShareBest = !kFused;
     for_each_round(row, begin, end, wide, Rounds::kForward, [&](float (&x)[4], int32_t i) {
       const float x_max4 =
-          process_group(x, i, begin, end, a, bitmap, pen, inf_count, raw_m, raw_s, nullptr);
+          process_group<kPenalties>(x, i, begin, end, a, bitmap, pen, inf_count, raw_m, raw_s,
+                                    nullptr);
       argmax.z = fmaxf(argmax.z, x_max4);
       if (x_max4 == kNegInf) return;
       const float bar = kShareBest ? fmaxf(best.z, best_seen.get()) : best.z;
@@ -336,7 +342,8 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   }
   if (p.greedy) {  // the argmax of the processed logits, tracked in registers
     for_each_round(row, begin, end, wide, Rounds::kForward, [&](float (&x)[4], int32_t i) {
-      process_group(x, i, begin, end, a, bitmap, pen, inf_count, raw_m, raw_s, &argmax);
+      process_group<kPenalties>(x, i, begin, end, a, bitmap, pen, inf_count, raw_m, raw_s,
+                                &argmax);
     });
   }
   // Top-k rows, kLoadsInFlight loads per thread per round.
@@ -358,8 +365,8 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     for (int u = 0; u < kLoadsInFlight; ++u) {
       const int32_t i = group_token<T>(round, u, wide);
       // Only whether any token is finite or +inf is needed from the processed logits.
-      const float x_max4 = process_group(l[u], i, begin, end, a, bitmap, pen, inf_count, raw_m,
-                                         raw_s, nullptr);
+      const float x_max4 = process_group<kPenalties>(l[u], i, begin, end, a, bitmap, pen,
+                                                     inf_count, raw_m, raw_s, nullptr);
       argmax.z = fmaxf(argmax.z, x_max4);
       float4 z4 = make_float4(kNegInf, kNegInf, kNegInf, kNegInf);
       if (x_max4 > kNegInf && x_max4 >= thr_raw) {

@@ -25,11 +25,19 @@ static bool top_k_step(const SampleRowsCall& c) {
   return is_top_k_route(c.route) && c.max_top_k >= 1 && c.max_top_k <= kSplitRowMaxTopK;
 }
 
-// The chunk kernel of a step: the single launch or not, masked or not, wide loads or not.
+// The chunk kernel of a step: the single launch or not, masked or not, with penalties or not,
+// wide loads or not.
+template <typename T, bool kFused, bool kWide>
+static auto chunk_kernel_of(bool masked, bool penalties) {
+  return masked ? (penalties ? chunk_kernel<T, kFused, true, true, kWide>
+                             : chunk_kernel<T, kFused, true, false, kWide>)
+                : (penalties ? chunk_kernel<T, kFused, false, true, kWide>
+                             : chunk_kernel<T, kFused, false, false, kWide>);
+}
 template <typename T, bool kWide>
-static auto chunk_kernel_of(bool fused, bool masked) {
-  return fused ? (masked ? chunk_kernel<T, true, true, kWide> : chunk_kernel<T, true, false, kWide>)
-               : (masked ? chunk_kernel<T, false, true, kWide> : chunk_kernel<T, false, false, kWide>);
+static auto chunk_kernel_of(bool fused, bool masked, bool penalties) {
+  return fused ? chunk_kernel_of<T, true, kWide>(masked, penalties)
+               : chunk_kernel_of<T, false, kWide>(masked, penalties);
 }
 
 // Launches the split-row kernels over the call's rows, with the call's arguments in `a`.
@@ -72,8 +80,8 @@ static void launch_rows(const SampleRowsCall& c, Args a) {
     using T = decltype(tag);
     const T* x = c.logits.data_ptr<T>();
     constexpr bool kHalf = sizeof(T) == 2;
-    auto* chunk = kHalf && a.wide_loads() ? chunk_kernel_of<T, kHalf>(fused, masked)
-                                          : chunk_kernel_of<T, false>(fused, masked);
+    auto* chunk = kHalf && a.wide_loads() ? chunk_kernel_of<T, kHalf>(fused, masked, a.penalties)
+                                          : chunk_kernel_of<T, false>(fused, masked, a.penalties);
     const size_t limit = dynamic_smem_limit(chunk);
     TORCH_CHECK(base_smem <= limit, "split-row chunk kernel: ", base_smem,
                 " bytes of shared memory over its limit ", limit);

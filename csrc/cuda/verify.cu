@@ -43,8 +43,30 @@ void verify_chain(const at::Tensor& candidates, const at::Tensor& target_tokens,
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// One warp per request (requests own distinct slots): lane 0 finds each token's place in the
-// sorted history by binary search; an insertion shifts the tail up by one, 32 entries a step
+// The first index of sorted ids[0, len) whose id is not below `token`, by a whole warp: each
+// round the 32 lanes probe evenly spaced entries of the range still open and a ballot keeps the
+// gap between the last probe below the token and the next, so a history of H entries costs
+// log32(H) rounds of dependent loads (two up to 1024 entries), not log2(H). Uniform result.
+__device__ int32_t warp_lower_bound(const int32_t* ids, int32_t len, int32_t token, int lane) {
+  int32_t lo = 0, hi = len;  // the answer lies in [lo, hi]
+  while (hi - lo > 32) {
+    const int32_t step = (hi - lo + 31) / 32;
+    const int32_t probe = lo + lane * step;
+    // The probes below the token are a prefix of the lanes: ids ascend.
+    const int n = __popc(__ballot_sync(0xffffffffu, probe < hi && ids[probe] < token));
+    if (n > 0) {
+      hi = min(hi, lo + n * step);
+      lo += (n - 1) * step + 1;
+    } else {
+      hi = lo;
+    }
+  }
+  const int32_t at = lo + lane;
+  return lo + __popc(__ballot_sync(0xffffffffu, at < hi && ids[at] < token));
+}
+
+// One warp per request (requests own distinct slots): the warp finds each token's place in the
+// sorted history (warp_lower_bound); an insertion shifts the tail up by one, 32 entries a step
 // from the top (each step reads before it writes, and the step below writes only what this one
 // has read), so a long history costs len / 32 steps, not len.
 __global__ void append_history_kernel(int32_t* __restrict__ table, SlotLayout layout,
@@ -67,16 +89,7 @@ __global__ void append_history_kernel(int32_t* __restrict__ table, SlotLayout la
     const int32_t token = tokens[b * tokens_per_req + k];
     if (token < 0) continue;
     const int32_t len = w[kColHistoryLen];
-    int32_t lo = 0;
-    if (lane == 0) {
-      int32_t hi = len;
-      while (lo < hi) {
-        const int32_t mid = (lo + hi) >> 1;
-        if (ids[mid] < token) lo = mid + 1;
-        else hi = mid;
-      }
-    }
-    lo = __shfl_sync(0xffffffffu, lo, 0);
+    const int32_t lo = warp_lower_bound(ids, len, token, lane);
     if (lo < len && ids[lo] == token) {
       if (lane == 0) ++counts[lo];
     } else if (len < layout.history_capacity) {
