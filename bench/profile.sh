@@ -8,7 +8,8 @@
 # back at most 8 files) and a per-kernel summary table on stdout.
 #   PROFILE_DETAIL=1: ncu sections (occupancy, warp stalls, instruction counts) and each kernel's
 #     hottest SASS instructions by warp-stall samples (bench/ncu_hot_lines.py, from the report's
-#     source page; its CUDA view carries no per-line metrics in CSV, run 82), appended to
+#     source page; its CUDA view carries no per-line metrics in CSV, run 82; the whole SASS page
+#     also goes to $OUT/ncu_sass.csv.gz), appended to
 #     profiles.txt too.
 #   PROFILE_CACHE=none: ncu keeps caches between its replay passes (default: flushes them), so
 #     a bs-1 kernel runs with the warm instruction cache a graph replay has, and a kernel finds
@@ -110,6 +111,8 @@ if timeout "${PROFILE_TIMEOUT:-420}" ncu --clock-control none --cache-control "$
       { echo "=== ncu hot $view lines: ${SHAPES[*]}"; python3 bench/ncu_hot_lines.py /tmp/ncu_source.txt; } |
         tee -a "$OUT/profiles.txt" | tail -60
     done
+    # Every SASS instruction's counters (executions, samples), for bench/ncu_sass_blocks.py here.
+    gzip -c /tmp/ncu_source.txt > "$OUT/ncu_sass.csv.gz"
   fi
   cat /tmp/ncu_summary.txt  # last, so the call's output tail keeps the per-kernel table
 else
