@@ -77,7 +77,7 @@ def test_neutral_penalties_leave_history_and_prompt_tokens_as_they_are(device, r
     """Repetition 1, frequency 0 and presence 0 with a prompt, a bias and a growing output
     history: the CUDA kernels mark the bias tokens only (the rest is the identity), and every
     step gives the CPU's token. The best logits are -0.0, which the CPU's penalty step turns into
-    +0.0 on history tokens (a 0 bias added) and the kernels now leave at -0.0: ties alike."""
+    +0.0 on history tokens (a 0 bias added) and the kernels leave at -0.0: ties alike."""
     extra = dict(repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0,
                  logit_bias={42: 2.5, V - 1: -1.0})
     b, params = _backend(device, route, **extra)
