@@ -107,12 +107,12 @@ if timeout "${PROFILE_TIMEOUT:-420}" ncu --clock-control none --cache-control "$
   cat /tmp/ncu_summary.txt >> "$OUT/profiles.txt"
   if [ "${PROFILE_DETAIL:-0}" = 1 ]; then
     for view in cuda sass; do  # CUDA lines (-lineinfo; where ncu's CSV has them), then SASS
-      ncu -i "$REPORT.ncu-rep" --csv --page source --print-source "$view" > /tmp/ncu_source.txt 2>&1
-      { echo "=== ncu hot $view lines: ${SHAPES[*]}"; python3 bench/ncu_hot_lines.py /tmp/ncu_source.txt; } |
+      ncu -i "$REPORT.ncu-rep" --csv --page source --print-source "$view" > "/tmp/ncu_source_$view.txt" 2>&1
+      { echo "=== ncu hot $view lines: ${SHAPES[*]}"; python3 bench/ncu_hot_lines.py "/tmp/ncu_source_$view.txt"; } |
         tee -a "$OUT/profiles.txt" | tail -60
     done
     # Every SASS instruction's counters (executions, samples), for bench/ncu_sass_blocks.py here.
-    gzip -c /tmp/ncu_source.txt > "$OUT/ncu_sass.csv.gz"
+    gzip -c /tmp/ncu_source_sass.txt > "$OUT/ncu_sass.csv.gz"
   fi
   cat /tmp/ncu_summary.txt  # last, so the call's output tail keeps the per-kernel table
 else
