@@ -120,6 +120,35 @@ def test_masked_top_k_with_penalties_at_the_split_row_limit(rows, device):
             assert torch.equal(a, b)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_masked_top_k_rows_in_chunks_of_many_rounds(dtype, monkeypatch):
+    """One chunk block per SM and more rows than SMs: each chunk of the split-row path is a whole
+    row, 38 rounds of 4,096 tokens at V 151936, past what a chunk's bitmask words staged at once
+    would take. The top-k loop stages them a round ahead; every round's bits must be its own.
+    Rows of k 5 / 50 / 300, greedy rows and rows with penalties among them."""
+    monkeypatch.setenv("TOKENSAMPLER_CHUNK_BLOCKS_PER_SM", "1")
+    V, rows = 151936, 160
+    gen = torch.Generator().manual_seed(zlib.crc32(f"many-rounds-{dtype}".encode()))
+    params = [ts.SamplingParams(temperature=0.0 if i % 7 == 3 else 0.8, top_k=(5, 50, 300)[i % 3],
+                                top_p=0.9, seed=i, repetition_penalty=1.3 if i % 4 == 0 else 1.0,
+                                logit_bias={17: 2.0} if i % 4 == 0 else None)
+              for i in range(rows)]
+    mgr, slots, _ = build_slots(params, V)
+    slots = torch.tensor(slots, dtype=torch.int32)
+    lengths = torch.arange(rows + 1, dtype=torch.int32)
+    logits = (torch.randn(rows, V, generator=gen) * 3).to(dtype)
+    bits, allowed = _mask_bits("half", rows, V, gen)
+    premasked = logits.masked_fill(~allowed, float("-inf"))
+    for logprobs in (False, True):
+        fused = _sample(logits, bits, mgr, slots, lengths, ROUTES["top_k_top_p"], 300, 0, 0,
+                        "cuda", logprobs)
+        plain = _sample(premasked, None, mgr, slots, lengths, ROUTES["top_k_top_p"], 300, 0, 0,
+                        "cuda", logprobs)
+        for a, b in zip(fused, plain):
+            assert torch.equal(a, b), (logprobs, (a != b).nonzero().flatten()[:8].tolist())
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("route", ["no_filter", "top_k_top_p"])
 @pytest.mark.parametrize("n", [1, 4])  # plain rows; verify rows (their drafts count as penalties)

@@ -27,6 +27,9 @@ constexpr int kChunkBlocksPerSm = 4;
 constexpr int kFinishThreads = 256;
 constexpr int kLoadsInFlight = 4;  // 16-byte loads per thread per round (bytes in flight per SM)
 constexpr int kRoundTokens = kChunkThreads * 4 * kLoadsInFlight;
+// Bitmask words a round's tokens touch (rounds start at multiples of 4, not of 32): masked top-k
+// rows stage them a round ahead (round_word).
+constexpr int kRoundWords = kRoundTokens / 32 + 1;
 constexpr int kCompactAt = 512;                        // buffer entries that trigger a cut to k
 constexpr int kBufferCap = kCompactAt + kRoundTokens;  // room for one more round
 constexpr int kMergeCap = 4096;                        // finish kernel: splits * k_cap at most

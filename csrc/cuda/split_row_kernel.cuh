@@ -159,13 +159,15 @@ __device__ __forceinline__ int32_t group_token(int32_t round, int u, bool wide) 
 static_assert(kLoadsInFlight % 2 == 0, "wide rounds load their groups in pairs");
 
 // This thread's kLoadsInFlight groups of a round (group u at group_token(round, u, wide), -inf
-// past `end`), every load (bitmask words first) issued before any is used.
-template <typename T, bool kMasked>
+// past `end`), every load issued before any is used, the bitmask applied with the allowed bits
+// bits_of(i) gives for the group at token i (its word loaded first, or staged: kRoundWords).
+template <typename T, bool kMasked, typename BitsOf>
 __device__ __forceinline__ void load_round(const LogitsRow<T, kMasked>& row, int32_t round,
-                                           int32_t end, bool wide, float (&l)[kLoadsInFlight][4]) {
+                                           int32_t end, bool wide, float (&l)[kLoadsInFlight][4],
+                                           BitsOf&& bits_of) {
   uint32_t bits[kLoadsInFlight];
 #pragma unroll
-  for (int u = 0; u < kLoadsInFlight; ++u) bits[u] = mask_bits(row, group_token<T>(round, u, wide), end);
+  for (int u = 0; u < kLoadsInFlight; ++u) bits[u] = bits_of(group_token<T>(round, u, wide));
   bool loaded = false;
   if constexpr (sizeof(T) == 2) {
     if (wide) {
@@ -181,6 +183,40 @@ __device__ __forceinline__ void load_round(const LogitsRow<T, kMasked>& row, int
   }
 #pragma unroll
   for (int u = 0; u < kLoadsInFlight; ++u) apply_mask<kMasked>(bits[u], l[u]);
+}
+
+// load_round with the bits of the row's bitmask (mask_bits).
+template <typename T, bool kMasked>
+__device__ __forceinline__ void load_round(const LogitsRow<T, kMasked>& row, int32_t round,
+                                           int32_t end, bool wide, float (&l)[kLoadsInFlight][4]) {
+  load_round(row, round, end, wide, l, [&](int32_t i) { return mask_bits(row, i, end); });
+}
+
+// The bitmask words of the top-k loop's rounds, staged one round ahead in shared memory (masked
+// steps): while a round works, threads 0 .. kRoundWords - 1 hold the next round's words, loaded
+// with the round's logits and stored behind its barrier, so the loop takes each group's bits
+// from shared memory at a fixed offset, whatever the chunk's length (a whole chunk's words fit
+// the block's shared memory only up to ~10^5 tokens, not at bs 512: run 109's 1.133), with no
+// null test (a row without a bitmask stages all-ones words). The ring is 2 x kRoundWords words
+// of the chunk kernel's dynamic shared memory.
+// Word t of the round at `round` of a row's bitmask `allowed` (all ones without one, or past
+// `end`: tokens there are -inf already).
+__device__ __forceinline__ uint32_t round_word(const int32_t* allowed, int32_t round, int32_t end,
+                                               int t) {
+  const int32_t w = (round >> 5) + t;
+  if (allowed == nullptr || round >= end || w >= ((end + 31) >> 5)) return ~0u;
+  return static_cast<uint32_t>(__ldg(allowed + w));
+}
+
+// The ring slot of the round at `round` of a chunk from `begin`: rounds alternate.
+__device__ __forceinline__ int round_parity(int32_t round, int32_t begin) {
+  return ((round - begin) / kRoundTokens) & 1;
+}
+
+// The allowed bits of the group at token i of the round at `round`, from that round's staged
+// words (i a multiple of 4: the four bits share one word).
+__device__ __forceinline__ uint32_t staged_bits(const uint32_t* words, int32_t round, int32_t i) {
+  return words[(i >> 5) - (round >> 5)] >> (i & 31);
 }
 
 // The order of a chunk's rounds. A pass that re-reads the chunks a forward pass streamed just
@@ -244,7 +280,8 @@ template <typename T, bool kFused, bool kMasked, bool kPenalties, bool kWide = f
 __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     chunk_kernel(const T* __restrict__ logits, Args a) {
   // Dynamic shared memory: [penalty bitmap, if penalties][candidate buffer, if top-k rows]
-  // [the chunk's bitmask words, if kMasked].
+  // [two rounds of bitmask words, if kMasked and top-k rows][the chunk's bitmask words, if
+  // kMasked and staged].
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   __shared__ Candidate scratch[kChunkThreads / 32];
   __shared__ Partial partials[kChunkThreads / 32];
@@ -278,10 +315,19 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   const int tie_cap = sizeof(T) == 2 ? a.k_cap : 0;
   uint32_t* bitmap = reinterpret_cast<uint32_t*>(dyn_smem);
   Candidate* buf = reinterpret_cast<Candidate*>(dyn_smem + (kPenalties ? kPenaltyBitmapWords * 4 : 0));
-  int32_t* mask_stage = reinterpret_cast<int32_t*>(buf + (a.k_cap > 0 ? kBufferCap : 0));
+  // Masked top-k steps: two rounds of bitmask words (round_word), then the whole-chunk stage.
+  uint32_t* ring = reinterpret_cast<uint32_t*>(buf + (a.k_cap > 0 ? kBufferCap : 0));
+  int32_t* mask_stage =
+      reinterpret_cast<int32_t*>(ring + (kMasked && a.k_cap > 0 ? 2 * kRoundWords : 0));
   LogitsRow<T, kMasked> row = a.row_of<kMasked>(logits, r);
-  // Staged words are read only after the barrier below.
-  if (a.stage_bitmask) row = stage_mask(row, begin, end, mask_stage, kChunkThreads);
+  // Staged words are read only after the barrier below. Top-k rows stage theirs a round at a
+  // time (kRoundWords), starting with the first round's here.
+  if (a.stage_bitmask && !(kMasked && top_k_rows))
+    row = stage_mask(row, begin, end, mask_stage, kChunkThreads);
+  if constexpr (kMasked) {
+    if (top_k_rows && threadIdx.x < kRoundWords)
+      ring[threadIdx.x] = round_word(row.allowed, begin, end, threadIdx.x);
+  }
   const PenaltySource pen = kPenalties ? penalty_source(a, p, r) : PenaltySource{};
   const float inv_t = 1.0f / p.temperature;  // estimates only; exact z = x / T where it counts
   static_assert(!kWide || sizeof(T) == 2, "wide loads serve the 2-byte types");
@@ -358,7 +404,16 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   int32_t rounds_done = 0;
   for (int32_t round = begin; round < rounds_end; round += kRoundTokens) {
     float l[kLoadsInFlight][4];
-    load_round(row, round, end, wide, l);
+    uint32_t next_word = ~0u;  // masked: the next round's word of this thread, stored below
+    if constexpr (kMasked) {
+      if (threadIdx.x < kRoundWords)
+        next_word = round_word(row.allowed, round + kRoundTokens, end, threadIdx.x);
+      const uint32_t* words = ring + round_parity(round, begin) * kRoundWords;
+      load_round(row, round, end, wide, l,
+                 [&](int32_t i) { return staged_bits(words, round, i); });
+    } else {
+      load_round(row, round, end, wide, l);
+    }
     const float thr = threshold;
     const float thr_raw = threshold_raw;
 #pragma unroll
@@ -382,6 +437,11 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
       // l[u] now holds z of the tokens at or above the threshold, -inf below it
       l[u][0] = z4.x; l[u][1] = z4.y; l[u][2] = z4.z; l[u][3] = z4.w;
       run_max = fmaxf(run_max, fmaxf(fmaxf(z4.x, z4.y), fmaxf(z4.z, z4.w)));
+    }
+    // The round before read this slot before its barriers; the next reads it after ours.
+    if constexpr (kMasked) {
+      if (threadIdx.x < kRoundWords)
+        ring[(round_parity(round, begin) ^ 1) * kRoundWords + threadIdx.x] = next_word;
     }
     ++rounds_done;
     float admit = thr;

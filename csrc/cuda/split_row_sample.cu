@@ -68,12 +68,14 @@ static void launch_rows(const SampleRowsCall& c, Args a) {
       storage, fused ? &a.tickets : nullptr);
   a.results = reinterpret_cast<ChunkResult*>(sections[0]);
   a.chunk_candidates = reinterpret_cast<Candidate*>(sections[1]);
-  // Masked steps also stage each chunk's bitmask words in shared memory where that stays within
-  // the kernel's 48 KiB (no opt-in attribute; chunks of up to ~10^5 tokens, ~2 * 10^4 for top-k
-  // rows with penalties); larger chunks read the words from global memory.
+  // Masked steps also stage each chunk's bitmask words in shared memory for their rows without
+  // top-k where that stays within the kernel's 48 KiB (no opt-in attribute; chunks of up to
+  // ~10^5 tokens, ~2 * 10^4 with penalties); larger chunks read the words from global memory.
+  // Top-k rows stage theirs a round at a time, at any chunk length (kRoundWords).
   const bool masked = a.token_bitmask.words != nullptr;  // kMasked: unmasked steps skip its code
   const size_t base_smem = (c.apply_penalties ? kPenaltyBitmapWords * sizeof(uint32_t) : 0) +
-                           (top_k_family ? kBufferCap * sizeof(Candidate) : 0);
+                           (top_k_family ? kBufferCap * sizeof(Candidate) : 0) +
+                           (top_k_family && masked ? 2 * kRoundWords * sizeof(uint32_t) : 0);
   const size_t stage_bytes = staged_mask_words(a.chunk_len) * sizeof(int32_t);
   const bool pdl = use_pdl();
   auto run = [&](auto tag) {
