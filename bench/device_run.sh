@@ -9,10 +9,11 @@
 # Each --variant (a `patch -p1` file, or several joined by '+' and stacked in that order; carry
 # the folder they are in) is an A/B candidate: applied to its own copy of the tree and built
 # there (into its own folder) while the base builds, so a call's builds take about one build's
-# time; after the base run it is tested (--variant-tests, default the --tests) and benchmarked
-# with the same --bench-args (tokensampler alone: the base run times the others) from its copy,
-# with its build first on PYTHONPATH; its logs and JSON come back in variants.tar.gz and
-# bench/compare_runs.py prints its figures beside the base's.
+# time; after the base run it is benchmarked with the same --bench-args (tokensampler alone: the
+# base run times the others) from its copy, with its build first on PYTHONPATH, every variant
+# back to back and then the base again (the call's noise); then it is tested (--variant-tests,
+# default the --tests). Logs and JSON come back in variants.tar.gz; bench/compare_runs.py prints
+# the figures beside the base's.
 # Carry .fi (from ../shared/tools/flashinfer_bundle.sh .fi) to benchmark FlashInfer beside us,
 # and .xg (scripts/xgrammar_bundle.sh .xg) for the grammar-mask benchmark's xgrammar kernel.
 # Carry .devbuild (bench/prebuild_device.sh, same --variant specs) to skip the builds: a
@@ -133,19 +134,33 @@ fi
 in_variant() {
   (cd "$VARIANT_ROOT/$name/src" && PYTHONPATH="$VARIANT_ROOT/$name/site${PYTHONPATH:+:$PYTHONPATH}" "$@")
 }
+variant_built() {  # name: whether its build succeeded (says so where not)
+  [ "$(cat "$VARIANT_ROOT/$1/build.rc")" = 0 ] && return 0
+  [ -f "$OUT/variants/$1/build.log" ] && { echo "variant $1: build failed" | tee -a "$OUT/gpu.txt"; tail -30 "$OUT/variants/$1/build.log"; }
+  return 1
+}
+# Benchmarks first, back to back, then the base again (base_again.json): the spread between the
+# base's two runs of identical code is the call's noise (run 115: an unchanged kernel read 1.026).
+# The variants' tests run after every timing.
+if [ "$RUN_BENCH" = 1 ] && [ ${#VARIANT_NAMES[@]} -gt 0 ]; then
+  for name in "${VARIANT_NAMES[@]}"; do
+    variant_built "$name" || continue
+    echo "== variant $name: bench"
+    in_variant python3 bench/benchmark.py --ours-only --json "$OUT/variants/$name/bench.json" $BENCH_ARGS > "$OUT/variants/$name/bench.log" 2>&1
+  done
+  python3 bench/benchmark.py --ours-only --json "$OUT/variants/base_again.json" $BENCH_ARGS > "$OUT/variants/base_again.log" 2>&1
+  runs=("$OUT/variants/base_again.json")
+  for name in "${VARIANT_NAMES[@]}"; do
+    [ -f "$OUT/variants/$name/bench.json" ] && runs+=("$OUT/variants/$name/bench.json")
+  done
+  python3 bench/compare_runs.py "$OUT/bench.json" "${runs[@]}" | tee -a "$OUT/gpu.txt"
+fi
 for name in "${VARIANT_NAMES[@]}"; do
   dir="$OUT/variants/$name"
+  variant_built "$name" > /dev/null || continue
   echo "== variant $name"
-  if [ "$(cat "$VARIANT_ROOT/$name/build.rc")" != 0 ]; then
-    [ -f "$dir/build.log" ] && { echo "variant $name: build failed" | tee -a "$OUT/gpu.txt"; tail -30 "$dir/build.log"; }
-    continue
-  fi
   in_variant python3 -m pytest -q -p no:cacheprovider ${VARIANT_TEST_ARGS:-$TEST_ARGS} > "$dir/tests.log" 2>&1
   echo "variant $name GPU tests: $(tail -1 "$dir/tests.log")" | tee -a "$OUT/gpu.txt"
-  if [ "$RUN_BENCH" = 1 ]; then
-    in_variant python3 bench/benchmark.py --ours-only --json "$dir/bench.json" $BENCH_ARGS > "$dir/bench.log" 2>&1
-    python3 bench/compare_runs.py "$OUT/bench.json" "$dir/bench.json" | tee -a "$OUT/gpu.txt"
-  fi
   if [ "$RUN_BITMASK" = 1 ]; then
     # The variant's copy holds tracked files only: xgrammar's kernel comes from this checkout.
     in_variant python3 bench/bitmask_bench.py --json "$dir/bitmask.json" \
