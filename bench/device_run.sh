@@ -134,30 +134,33 @@ fi
 in_variant() {
   (cd "$VARIANT_ROOT/$name/src" && PYTHONPATH="$VARIANT_ROOT/$name/site${PYTHONPATH:+:$PYTHONPATH}" "$@")
 }
-variant_built() {  # name: whether its build succeeded (says so where not)
-  [ "$(cat "$VARIANT_ROOT/$1/build.rc")" = 0 ] && return 0
-  [ -f "$OUT/variants/$1/build.log" ] && { echo "variant $1: build failed" | tee -a "$OUT/gpu.txt"; tail -30 "$OUT/variants/$1/build.log"; }
-  return 1
-}
+# The variants whose builds succeeded (each failure said once, with its log's tail).
+BUILT_NAMES=()
+for name in "${VARIANT_NAMES[@]}"; do
+  if [ "$(cat "$VARIANT_ROOT/$name/build.rc")" = 0 ]; then
+    BUILT_NAMES+=("$name")
+  else
+    echo "variant $name: build failed" | tee -a "$OUT/gpu.txt"
+    [ -f "$OUT/variants/$name/build.log" ] && tail -30 "$OUT/variants/$name/build.log"
+  fi
+done
 # Benchmarks first, back to back, then the base again (base_again.json): the spread between the
 # base's two runs of identical code is the call's noise (run 115: an unchanged kernel read 1.026).
 # The variants' tests run after every timing.
-if [ "$RUN_BENCH" = 1 ] && [ ${#VARIANT_NAMES[@]} -gt 0 ]; then
-  for name in "${VARIANT_NAMES[@]}"; do
-    variant_built "$name" || continue
+if [ "$RUN_BENCH" = 1 ] && [ ${#BUILT_NAMES[@]} -gt 0 ]; then
+  for name in "${BUILT_NAMES[@]}"; do
     echo "== variant $name: bench"
     in_variant python3 bench/benchmark.py --ours-only --json "$OUT/variants/$name/bench.json" $BENCH_ARGS > "$OUT/variants/$name/bench.log" 2>&1
   done
   python3 bench/benchmark.py --ours-only --json "$OUT/variants/base_again.json" $BENCH_ARGS > "$OUT/variants/base_again.log" 2>&1
   runs=("$OUT/variants/base_again.json")
-  for name in "${VARIANT_NAMES[@]}"; do
+  for name in "${BUILT_NAMES[@]}"; do
     [ -f "$OUT/variants/$name/bench.json" ] && runs+=("$OUT/variants/$name/bench.json")
   done
   python3 bench/compare_runs.py "$OUT/bench.json" "${runs[@]}" | tee -a "$OUT/gpu.txt"
 fi
-for name in "${VARIANT_NAMES[@]}"; do
+for name in "${BUILT_NAMES[@]}"; do
   dir="$OUT/variants/$name"
-  variant_built "$name" > /dev/null || continue
   echo "== variant $name"
   in_variant python3 -m pytest -q -p no:cacheprovider ${VARIANT_TEST_ARGS:-$TEST_ARGS} > "$dir/tests.log" 2>&1
   echo "variant $name GPU tests: $(tail -1 "$dir/tests.log")" | tee -a "$OUT/gpu.txt"
