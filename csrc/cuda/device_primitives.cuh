@@ -93,6 +93,21 @@ __device__ __forceinline__ void warp_append(bool take, int32_t* counter, Store&&
   if (take) store(base + __popc(mask & ((1u << lane) - 1u)));
 }
 
+// warp_append for n in [0, 7] entries a lane: three ballots of n's bits give every lane its
+// first slot, so a warp appending a group's four tokens takes one atomic, not four.
+template <typename Store>
+__device__ __forceinline__ void warp_append_n(int n, int32_t* counter, Store&& store) {
+  const uint32_t b0 = __ballot_sync(0xffffffffu, n & 1), b1 = __ballot_sync(0xffffffffu, n & 2),
+                 b2 = __ballot_sync(0xffffffffu, n & 4);
+  if ((b0 | b1 | b2) == 0) return;
+  const int lane = threadIdx.x & 31, leader = __ffs(b0 | b1 | b2) - 1;
+  int32_t base = 0;
+  if (lane == leader) base = atomicAdd(counter, __popc(b0) + 2 * __popc(b1) + 4 * __popc(b2));
+  base = __shfl_sync(0xffffffffu, base, leader);
+  const uint32_t below = (1u << lane) - 1u;
+  if (n > 0) store(base + __popc(b0 & below) + 2 * __popc(b1 & below) + 4 * __popc(b2 & below));
+}
+
 // Online (max, sum exp(x - max)) of finite values: merges (m2, s2) into (m, s).
 __device__ __forceinline__ void merge_lse(float& m, float& s, float m2, float s2) {
   if (m2 == kNegInf) return;

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cfloat>
 #include <climits>
 
 #include "device_primitives.cuh"
@@ -83,8 +84,11 @@ __device__ __forceinline__ Partial block_partial(Partial v, Partial* scratch) {
 
 // A raw-logit admission bound for the z-threshold `thr`: l < bound implies l / T < thr (IEEE
 // division is monotone; four ulps below thr * T cover the rounding of both operations), so the
-// hot loop divides only the logits it admits.
+// hot loop divides only the logits it admits. A thr of -FLT_MAX (or below) admits every finite
+// logit: candidates hold a z past fp32's range at -FLT_MAX (candidate_z), so a logit below
+// thr * T may still have z == thr.
 __device__ __forceinline__ float admission_bound(float thr, float temperature) {
+  if (thr <= -FLT_MAX) return kNegInf;
   float bound = f_mul(thr, temperature);
 #pragma unroll
   for (int s = 0; s < 4; ++s) bound = nextafterf(bound, kNegInf);
@@ -110,7 +114,7 @@ struct ChunkResult {
   // that token's z.
   Candidate winner;
   float winner_z;
-  // Top-k rows (scaled_group holds a z past fp32's range at +-FLT_MAX): the chunk's lowest id
+  // Top-k rows (candidate_z holds a z past fp32's range at +-FLT_MAX): the chunk's lowest id
   // whose finite logit has z past +FLT_MAX, and its lowest id whose z is exactly -FLT_MAX
   // (kNoId if none). The finisher breaks a tie at +-FLT_MAX by them.
   int32_t past_max_id;

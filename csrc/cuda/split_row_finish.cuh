@@ -51,7 +51,7 @@ struct RankedMasses {
 // The kept set of the first m (<= kMaxM) candidates of buf, in rank order (sorted when z_max is
 // +inf or top-p is on): rows with a +inf processed logit (inf_row) keep their +inf tokens (top-p
 // the first ceil(p * m_inf)); otherwise top-p over integer masses (as the CPU reference), then
-// min-p (a z past fp32's range is +-FLT_MAX, scaled_group: finish_row breaks its ties with a z of
+// min-p (a z past fp32's range is +-FLT_MAX, candidate_z: finish_row breaks its ties with a z of
 // exactly +-FLT_MAX). `scan_storage` holds kMaxM 8-byte words.
 template <int kThreads, int kMaxM>
 __device__ KeptSet ranked_kept_set(const Candidate* buf, int m, const RowParams& p, float z_max,
@@ -172,7 +172,7 @@ __device__ __forceinline__ void finish_row(const T* __restrict__ logits, const A
         sm.buf, m, p, z_max, argmax.z == INFINITY, sm.scan_storage, sm.keep_count);
     token = sample_kept_set<kThreads>(kept_set, p, sm.scratch);
     if (fabsf(z_max) == FLT_MAX) {
-      // Ties at +-FLT_MAX (edge_ids_of): as on the CPU, a z past +FLT_MAX (+inf there) wins
+      // Ties at +-FLT_MAX (scale_candidates): as on the CPU, a z past +FLT_MAX (+inf there) wins
       // over every other token, and at -FLT_MAX a z of exactly -FLT_MAX over one past it (-inf
       // there); each kind's lowest id wins (DESIGN §5). Verify rows leave these to the walker.
       const int32_t edge = z_max > 0.0f ? past_max_id : at_lowest_id;

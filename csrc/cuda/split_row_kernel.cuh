@@ -70,33 +70,35 @@ inline __device__ __noinline__ void fold_raw_group(float4 x4, float& m, float& s
     if (x[q] != INFINITY) merge_lse(m, s, x[q], 1.0f);
 }
 
-// Top-k rows: z = x / T of four processed logits at or above the admission bound, -inf below.
-// A finite logit whose z is past fp32's range gets +-FLT_MAX: it ranks below a +inf logit's +inf,
-// and a -FLT_MAX candidate is a real token, unlike the -inf of a hole. Out of line: a warp calls
-// it for most of its groups until the threshold settles, and it must not cost the loop registers.
-inline __device__ __noinline__ float4 scaled_group(float4 x4, float bound, float temperature) {
-  auto z = [&](float x) {
-    if (!(x > kNegInf && x >= bound)) return kNegInf;
-    const float s = scaled_logit(x, temperature);
-    return x == INFINITY ? s : fminf(fmaxf(s, -FLT_MAX), FLT_MAX);
-  };
-  return make_float4(z(x4.x), z(x4.y), z(x4.z), z(x4.w));
+// Top-k rows: z = x / T of a processed logit (-inf stays -inf). A finite logit whose z is past
+// fp32's range gets +-FLT_MAX: it ranks below a +inf logit's +inf, and a -FLT_MAX candidate is a
+// real token, unlike the -inf of a hole.
+__device__ __forceinline__ float candidate_z(float x, float temperature) {
+  if (x == kNegInf) return kNegInf;
+  const float s = scaled_logit(x, temperature);
+  return x == INFINITY ? s : fminf(fmaxf(s, -FLT_MAX), FLT_MAX);
 }
 
-// A group whose z holds +-FLT_MAX (rare): there an overflowed z ties with a z of exactly
-// +-FLT_MAX, where the CPU ranks the overflowed z (+inf) above it and the overflowed z (-inf)
-// below it. Returns the group's lowest id past +FLT_MAX (x) and at exactly -FLT_MAX (y), kNoId
-// where none, for the chunk's edge_ids and then the finisher (DESIGN §5).
-inline __device__ __noinline__ int2 edge_ids_of(float4 x4, int32_t i, float bound, float temperature) {
-  const float x[4] = {x4.x, x4.y, x4.z, x4.w};
-  int2 ids{kNoId, kNoId};
-  for (int q = 3; q >= 0; --q) {
-    if (!(x[q] > kNegInf && x[q] >= bound) || x[q] == INFINITY) continue;
-    const float s = scaled_logit(x[q], temperature);
-    if (s == INFINITY) ids.x = i + q;
-    if (s == -FLT_MAX) ids.y = i + q;
+// The candidates a round appended with their processed logits, buf[from, to), get their z in
+// place: one division per admitted token, spread over the block (a warp dividing for the lanes
+// of each group that reached the bound ran most of its groups' divisions for a few lanes).
+// A finite logit whose z is past +FLT_MAX, or exactly -FLT_MAX, also lowers the chunk's
+// edge_ids (rare): there an overflowed z ties with a z of exactly +-FLT_MAX, where the CPU ranks
+// the overflowed z (+inf) above it and the overflowed z (-inf) below it; the finisher breaks
+// the tie by the lowest id of each kind (DESIGN §5).
+template <int kThreads>
+__device__ __forceinline__ void scale_candidates(Candidate* buf, int from, int to,
+                                                 float temperature, int32_t* edge_ids) {
+  for (int e = from + static_cast<int>(threadIdx.x); e < to; e += kThreads) {
+    const Candidate c = buf[e];  // c.z > -inf: appended tokens reached the bound
+    float z = scaled_logit(c.z, temperature);
+    if (c.z != INFINITY) {
+      if (z == INFINITY) atomicMin(&edge_ids[0], c.id);
+      if (z == -FLT_MAX) atomicMin(&edge_ids[1], c.id);
+      z = fminf(fmaxf(z, -FLT_MAX), FLT_MAX);
+    }
+    buf[e].z = z;
   }
-  return ids;
 }
 
 // No-filter rows: the rare exact evaluations of their hot loop (two logs and a division each),
@@ -293,7 +295,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
   // instead of every thread every round).
   __shared__ float threshold, threshold_raw;
   __shared__ BlockBest best_seen;  // no-filter rows
-  __shared__ int32_t edge_ids[2];  // top-k rows: edge_ids_of
+  __shared__ int32_t edge_ids[2];  // top-k rows: scale_candidates
   __shared__ bool finishes_row;
 
   const int64_t r = blockIdx.x / a.splits;
@@ -392,16 +394,16 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
                                 &argmax);
     });
   }
-  // Top-k rows, kLoadsInFlight loads per thread per round.
+  // Top-k rows, kLoadsInFlight loads per thread per round. A round appends the tokens whose
+  // processed logit reaches the admission bound, as (logit, id), then gives them their z behind
+  // the round's barrier (scale_candidates); `base` is where the round's appends begin.
+  // At rounds 1, 2, 4, 8, ... (and every round while the threshold is -inf) the k-th largest of
+  // the threads' largest logits so far raises the threshold first: k distinct tokens reach it,
+  // so the chunk's k-th largest z does too. A round's own maxima (16 tokens a thread) would
+  // admit ~1.4 % of the tokens at k = 50; the maxima of R rounds admit about 1.4 % / R, so fewer
+  // warps take the admission path and fewer candidates reach the buffer and its cuts.
   const int32_t rounds_end = top_k_rows ? end : begin;
-  // The thread's largest admitted z so far (a real token's, or -inf). At rounds 1, 2, 4, 8, ...
-  // (and every round while the threshold is -inf) the k-th largest of these across the block
-  // raises the threshold: k distinct tokens reach it, so the chunk's k-th largest z does too.
-  // A round's own maxima (16 tokens a thread) would admit ~1.4 % of the tokens at k = 50; the
-  // maxima of R rounds admit about 1.4 % / R, so fewer warps take the admission path and fewer
-  // candidates reach the buffer and its cuts.
-  float run_max = kNegInf;
-  int32_t rounds_done = 0;
+  int32_t rounds_done = 0, base = 0;
   for (int32_t round = begin; round < rounds_end; round += kRoundTokens) {
     float l[kLoadsInFlight][4];
     uint32_t next_word = ~0u;  // masked: the next round's word of this thread, stored below
@@ -414,29 +416,11 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
     } else {
       load_round(row, round, end, wide, l);
     }
-    const float thr = threshold;
-    const float thr_raw = threshold_raw;
 #pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u) {
-      const int32_t i = group_token<T>(round, u, wide);
-      // Only whether any token is finite or +inf is needed from the processed logits.
-      const float x_max4 = process_group<kPenalties>(l[u], i, begin, end, a, bitmap, pen,
-                                                     inf_count, raw_m, raw_s, nullptr);
-      argmax.z = fmaxf(argmax.z, x_max4);
-      float4 z4 = make_float4(kNegInf, kNegInf, kNegInf, kNegInf);
-      if (x_max4 > kNegInf && x_max4 >= thr_raw) {
-        const float4 x4 = make_float4(l[u][0], l[u][1], l[u][2], l[u][3]);
-        z4 = scaled_group(x4, thr_raw, p.temperature);
-        if (fabsf(z4.x) == FLT_MAX || fabsf(z4.y) == FLT_MAX || fabsf(z4.z) == FLT_MAX ||
-            fabsf(z4.w) == FLT_MAX) {  // the block's shared edge_ids, not a pointer held live
-          const int2 e = edge_ids_of(x4, i, thr_raw, p.temperature);
-          atomicMin(&edge_ids[0], e.x);
-          atomicMin(&edge_ids[1], e.y);
-        }
-      }
-      // l[u] now holds z of the tokens at or above the threshold, -inf below it
-      l[u][0] = z4.x; l[u][1] = z4.y; l[u][2] = z4.z; l[u][3] = z4.w;
-      run_max = fmaxf(run_max, fmaxf(fmaxf(z4.x, z4.y), fmaxf(z4.z, z4.w)));
+    for (int u = 0; u < kLoadsInFlight; ++u) {  // argmax.z: the thread's largest logit so far
+      argmax.z = fmaxf(argmax.z, process_group<kPenalties>(l[u], group_token<T>(round, u, wide),
+                                                           begin, end, a, bitmap, pen, inf_count,
+                                                           raw_m, raw_s, nullptr));
     }
     // The round before read this slot before its barriers; the next reads it after ours.
     if constexpr (kMasked) {
@@ -444,25 +428,42 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
         ring[(round_parity(round, begin) ^ 1) * kRoundWords + threadIdx.x] = next_word;
     }
     ++rounds_done;
-    float admit = thr;
-    if (k <= kChunkThreads && (thr == kNegInf || (rounds_done & (rounds_done - 1)) == 0))
-      admit = fmaxf(admit, kth_thread_max<kChunkThreads>(run_max, k));
+    const float thr = threshold;
+    float admit = thr, bound = threshold_raw;
+    if (k <= kChunkThreads && (thr == kNegInf || (rounds_done & (rounds_done - 1)) == 0)) {
+      const float kth = candidate_z(kth_thread_max<kChunkThreads>(argmax.z, k), p.temperature);
+      if (kth > admit) {
+        admit = kth;
+        bound = admission_bound(kth, p.temperature);
+      }
+    }
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
       // One vote a group skips its four appends in the warps (most, once the threshold has
-      // risen) where no lane holds a candidate.
-      const float z_max4 = fmaxf(fmaxf(l[u][0], l[u][1]), fmaxf(l[u][2], l[u][3]));
-      if (!__any_sync(0xffffffffu, z_max4 > kNegInf && z_max4 >= admit)) continue;
+      // risen) where no lane holds a candidate. A logit below the bound has z below admit.
+      const float x_max4 = fmaxf(fmaxf(l[u][0], l[u][1]), fmaxf(l[u][2], l[u][3]));
+      if (!__any_sync(0xffffffffu, x_max4 > kNegInf && x_max4 >= bound)) continue;
       const int32_t i = group_token<T>(round, u, wide);
+      bool take[4];
+      int n = 0;
 #pragma unroll
-      for (int q = 0; q < 4; ++q)
-        append_candidate(l[u][q] > kNegInf && l[u][q] >= admit, Candidate{l[u][q], i + q}, buf,
-                         &buf_count);
+      for (int q = 0; q < 4; ++q) {
+        take[q] = l[u][q] > kNegInf && l[u][q] >= bound;
+        n += take[q];
+      }
+      warp_append_n(n, &buf_count, [&](int32_t at) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          if (take[q]) buf[at++] = Candidate{l[u][q], i + q};
+      });
     }
     __syncthreads();
     const int held = buf_count;
+    scale_candidates<kChunkThreads>(buf, base, held, p.temperature, edge_ids);
+    base = held;
     float next = admit;  // the next round's threshold
     if (held > kCompactAt) {
+      __syncthreads();  // the round's z
       const int kept = keep_top_k<kChunkThreads, kBufferCap / kChunkThreads>(
           buf, held, k, held, red_count, &compact_counter, tie_cap);
       // The smallest kept z (at or above admit): nothing below it can enter the chunk's top-k.
@@ -471,6 +472,7 @@ __global__ void __launch_bounds__(kChunkThreads, kChunkBlocksPerSm)
         lowest = best_of(lowest, Candidate{-buf[e].z, buf[e].id});
       lowest = block_best<kChunkThreads>(lowest, scratch);
       next = -lowest.z;
+      base = kept;
       if (threadIdx.x == 0) buf_count = kept;
     }
     if (next > thr && threadIdx.x == 0) {
