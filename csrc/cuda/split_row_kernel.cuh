@@ -262,12 +262,13 @@ struct BlockBest {
 };
 
 // Appends `c` to buf where `take` holds: one atomic per warp. Entries at or past kCap are
-// counted but not stored.
-template <int32_t kCap = INT32_MAX>
+// counted but not stored (the histogram-cut path's cut list; the top-k loop appends a group at
+// a time, warp_append_n).
+template <int32_t kCap>
 __device__ __forceinline__ void append_candidate(bool take, Candidate c, Candidate* buf,
                                                  int32_t* count) {
   warp_append(take, count, [&](int32_t at) {
-    if (kCap == INT32_MAX || at < kCap) buf[at] = c;
+    if (at < kCap) buf[at] = c;
   });
 }
 
