@@ -44,14 +44,14 @@ mkdir -p .devbuild
 
 build_into() {  # name: builds the tree in the current folder, packs it as .devbuild/<name>
   local name=$1 target stamp
-  if [ -f "$DEST/$name.stamp" ] && [ "$(build_stamp "$BUILD_ENV")" = "$(cat "$DEST/$name.stamp")" ]; then
+  stamp=$(build_stamp "$BUILD_ENV")
+  if [ -f "$DEST/$name.stamp" ] && [ "$stamp" = "$(cat "$DEST/$name.stamp")" ]; then
     echo "$name: prebuilt already (stamp $(head -1 "$DEST/$name.stamp"))"
     return 0
   fi
   target=$(mktemp -d)
   "$PY" -m pip install -q --no-build-isolation --no-deps --target "$target" . > "$OUT_LOG" 2>&1 \
     || { tail -40 "$OUT_LOG"; rm -rf "$target"; return 1; }
-  stamp=$(build_stamp "$BUILD_ENV")
   tar -czf "$DEST/$name.tar.gz" -C "$target" .
   echo "$stamp" > "$DEST/$name.stamp"
   rm -rf "$target"
@@ -75,7 +75,7 @@ start=$(date +%s)
 # Every build runs in one copy of the tree (.devvenv/src/tree), base first: a variant then
 # recompiles only the files its patches change.
 build_in_copy() {  # name [spec]
-  local stage=$PWD/.devvenv/stage/$1 src=$PWD/.devvenv/src/tree
+  local stage=$PWD/.devvenv/stage src=$PWD/.devvenv/src/tree
   rm -rf "$stage"
   mkdir -p "$stage" "$src"
   copy_tree "$stage"
