@@ -91,54 +91,6 @@ __device__ int32_t sample_kept_set(const KeptSet& kept, const RowParams& p, Cand
   return block_best<kThreads>(c, scratch).id;
 }
 
-// The row's top-k of buf[0, n) (holes: kNoId; `real` real candidates), in rank order at
-// buf[0, min(k, real)), where the candidates at or above the k-th largest of the threads' maxima
-// (a lower bound of the k-th key) number at most kThreads: those are gathered to `survivors`
-// (kThreads entries outside buf[0, n)) and each is placed by counting the survivors that rank
-// before it (ids differ, so the order is total). Returns the count, or -1 with nothing moved
-// where more survive or k > kThreads (keep_top_k then cuts). Against keep_top_k's narrow cut
-// (a compaction, a warp's radix select, another compaction) and a bitonic sort for top-p: one
-// block scan and one pass over the survivors (run 121: keep_top_k was 16.5 k of the bs-1 top-k
-// finisher's 25.6 k cycles, the sort 5.7 k more with top-p). `warp_sums`: kThreads / 32 ints.
-template <int kThreads, int kPerThread>
-__device__ __noinline__ int rank_top_k(Candidate* buf, int n, int k, int real, Candidate* survivors,
-                                      int32_t* warp_sums) {
-  if (real == 0 || k > kThreads) return -1;
-  k = min(k, real);
-  uint32_t keys[kPerThread];
-  uint32_t thread_max = 0;
-#pragma unroll
-  for (int q = 0; q < kPerThread; ++q) {
-    const int e = static_cast<int>(threadIdx.x) + q * kThreads;
-    keys[q] = e < n ? slot_key(buf[e]) : 0u;
-    thread_max = max(thread_max, keys[q]);
-  }
-  // At least k threads hold a key at or above `low`; holes (key 0) never survive.
-  const uint32_t low = max(kth_key_lower_bound<kThreads>(thread_max, k), 1u);
-  int32_t mine = 0;
-#pragma unroll
-  for (int q = 0; q < kPerThread; ++q) mine += keys[q] >= low;
-  int32_t at = block_inclusive_sum<kThreads>(mine, warp_sums) - mine;
-  int32_t count = 0;
-#pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) count += warp_sums[w];
-  if (count > kThreads) return -1;  // block-uniform; buf untouched
-#pragma unroll
-  for (int q = 0; q < kPerThread; ++q) {
-    if (keys[q] >= low) survivors[at++] = buf[static_cast<int>(threadIdx.x) + q * kThreads];
-  }
-  __syncthreads();
-  if (static_cast<int>(threadIdx.x) < count) {
-    const Candidate c = survivors[threadIdx.x];
-    int rank = 0;
-#pragma unroll 4
-    for (int j = 0; j < count; ++j) rank += before(survivors[j], c);  // one address a warp
-    if (rank < k) buf[rank] = c;
-  }
-  __syncthreads();
-  return k;
-}
-
 // Shared memory the finishing block works in (the finish kernel's own, or the chunk kernel's in
 // the single launch).
 struct FinishSmem {

@@ -18,10 +18,10 @@
 //     threshold. The first round's threshold is the k-th
 //     largest of the threads' maxima, so even the first round admits few.
 // Finishing a row (finish_row, split_row_finish.cuh): one block merges the row's chunks: argmax /
-// best score, or the exact top-k of the chunks' candidates in rank order (rank_top_k: the
-// candidates at or above the k-th largest of the threads' maxima, each placed by counting those
-// before it; where more than a block's threads survive, or k > 256, keep_top_k's cut and a
-// bitonic sort when top-p or +inf logits need the rank order);
+// best score, or the exact top-k of the chunks' candidates in rank order (block_select.cuh's
+// rank_top_k: the candidates at or above the k-th largest of the threads' maxima, each placed by
+// counting those before it; where more than a block's threads survive, or k > 256, keep_top_k's
+// cut and a bitonic sort when top-p or +inf logits need the rank order);
 // top-p over integer masses scanned in rank order (row_rules.h, as the CPU reference), min-p, and
 // Gumbel-max over the kept candidates. Every score is computed with the helpers of the CPU
 // kernels, so tokens are identical. In rejection-sampling verify (try_verify_rejection) the
